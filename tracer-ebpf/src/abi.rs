@@ -1,0 +1,130 @@
+//! The event record. Every kernel program writes exactly this struct to the ring buffer
+//! `EVENTS`; `kind` says which program wrote it and how to read `sub` and `args`.
+//!
+//! All timestamps are `bpf_ktime_get_ns()`, i.e. CLOCK_MONOTONIC, so they join with a load
+//! generator's `clock_gettime(CLOCK_MONOTONIC)` stamps.
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// When it happened (for syscalls: the exit).
+    pub ts_ns: u64,
+    /// The thread the event concerns (kernel tid). 0 for softirq socket events.
+    pub tid: u32,
+    /// One of the `kind::*` constants.
+    pub kind: u16,
+    /// Kind-specific small value (site id, syscall id, flags).
+    pub sub: u16,
+    /// Kind-specific arguments; see each `kind::*` constant.
+    pub args: [u64; 3],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: plain old data: repr(C), only integers, no padding (8 + 4 + 2 + 2 + 24 bytes).
+unsafe impl aya::Pod for Event {}
+
+pub mod kind {
+    /// A probe site was hit. sub = `Site` id; args = the site's arguments.
+    pub const SITE: u16 = 1;
+    /// A traced syscall returned. sub = `syscall::*`; args = [enter ts, fd, return value as i64].
+    pub const SYSCALL: u16 = 2;
+    /// In-context socket I/O told us which fd a `struct sock` is. args = [sk, fd].
+    /// Written only when the pair is new or changed.
+    pub const SOCK_FD: u16 = 3;
+    /// sock:sk_data_ready on a socket of the target (any context). args = [sk].
+    pub const DATA_READY: u16 = 4;
+    /// A thread of the target was switched out. sub = 1 if still runnable (preempted).
+    /// args = [kernel stack id, user stack id] as i64 (negative: no stack).
+    pub const SWITCH_OUT: u16 = 5;
+    /// A thread of the target was switched in.
+    pub const SWITCH_IN: u16 = 6;
+    /// A thread of the target was woken (became runnable). sub = 1 for wakeup_new.
+    pub const WAKEUP: u16 = 7;
+    /// A cpu-clock sample on a thread of the target. args = [kernel stack id, user stack id].
+    pub const SAMPLE: u16 = 8;
+    /// A new connection reached TCP_ESTABLISHED on a listening port of the target.
+    /// args = [sk, local port].
+    pub const ESTABLISHED: u16 = 9;
+}
+
+pub mod syscall {
+    pub const ACCEPT: u16 = 1;
+    pub const READ: u16 = 2;
+    pub const READV: u16 = 3;
+    pub const RECVFROM: u16 = 4;
+    pub const WRITE: u16 = 5;
+    pub const WRITEV: u16 = 6;
+    pub const SENDTO: u16 = 7;
+    pub const CONNECT: u16 = 8;
+    pub const FSYNC: u16 = 9;
+    pub const FDATASYNC: u16 = 10;
+
+    pub const fn name(id: u16) -> &'static str {
+        match id {
+            ACCEPT => "accept",
+            READ => "read",
+            READV => "readv",
+            RECVFROM => "recvfrom",
+            WRITE => "write",
+            WRITEV => "writev",
+            SENDTO => "sendto",
+            CONNECT => "connect",
+            FSYNC => "fsync",
+            FDATASYNC => "fdatasync",
+            _ => "unknown",
+        }
+    }
+
+    pub const fn is_receive(id: u16) -> bool {
+        matches!(id, READ | READV | RECVFROM)
+    }
+
+    pub const fn is_send(id: u16) -> bool {
+        matches!(id, WRITE | WRITEV | SENDTO)
+    }
+
+    pub const fn is_sync(id: u16) -> bool {
+        matches!(id, FSYNC | FDATASYNC)
+    }
+}
+
+/// Index of the per-CPU loss record in the `LOSS` array map.
+pub const LOSS_SLOT: u32 = 0;
+
+/// Per-CPU count of events that could not be reserved in the ring buffer, with the time of
+/// the most recent one. User space turns a rise in `count` into a loss span.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Loss {
+    pub count: u64,
+    pub last_ts_ns: u64,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), two u64s.
+unsafe impl aya::Pod for Loss {}
+
+/// Filter configuration, written by user space into the `CONFIG` array before attaching.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// The target's tgid (its pid).
+    pub tgid: u32,
+    /// 1 to take a stack id at every switch-out of a target thread.
+    pub offcpu_stacks: u32,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), two u32s.
+unsafe impl aya::Pod for Config {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_has_no_padding() {
+        assert_eq!(core::mem::size_of::<Event>(), 40);
+        assert_eq!(core::mem::align_of::<Event>(), 8);
+    }
+}

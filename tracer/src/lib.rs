@@ -1,0 +1,4 @@
+//! The tracer's user side, split by job along the data flow:
+//! attach → read events → rebuild requests → aggregate → symbolize → report.
+
+pub mod requests;

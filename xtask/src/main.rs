@@ -1,0 +1,44 @@
+//! Developer tasks: `cargo xtask <command>`.
+
+mod bench;
+mod profile;
+mod run_tracer;
+mod setup;
+mod test;
+mod validate;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Developer tasks for the gateway and its tracer")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install the eBPF toolchain (nightly rust-src, llvm-22-dev, bpf-linker); idempotent.
+    Setup(setup::Args),
+    /// Run every test, root-only eBPF integration tests included.
+    Test(test::Args),
+    /// The Phase 0 overhead matrix, out of process; writes profiles/bench-<date>/.
+    Bench(bench::Args),
+    /// Build the tracer and attach it, as root, to a running gateway.
+    RunTracer(run_tracer::Args),
+    /// A whole tail session at a fraction of max load; writes profiles/<name>/.
+    Profile(profile::Args),
+    /// Accuracy, probe effect, loss and cost of the tracer; writes profiles/validation-<date>/.
+    Validate(validate::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Setup(args) => setup::run(args),
+        Command::Test(args) => test::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::RunTracer(args) => run_tracer::run(args),
+        Command::Profile(args) => profile::run(args),
+        Command::Validate(args) => validate::run(args),
+    }
+}
