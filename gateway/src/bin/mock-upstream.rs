@@ -1,0 +1,38 @@
+//! `mock-upstream --listen ADDR [--delay-ms D] [--workers N]`: the keep-alive JSON echo upstream.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(about = "Keep-alive JSON echo server with a fixed per-request delay")]
+struct Args {
+    /// Address to listen on, e.g. 127.0.0.1:9000 (port 0 picks a free port).
+    #[arg(long)]
+    listen: String,
+    /// Delay applied to every request before answering, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
+    /// Tokio worker threads.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(args.workers >= 1, "--workers must be at least 1");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.workers)
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("binding {}", args.listen))?;
+        gateway::mock_upstream::run(listener, Duration::from_millis(args.delay_ms))
+            .await
+            .context("serving")
+    })
+}

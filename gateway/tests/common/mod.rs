@@ -1,0 +1,164 @@
+//! Shared helpers for the gateway's integration tests: start the real binaries, talk HTTP/1.1
+//! over loopback with a deliberately tiny client (one request per connection).
+
+#![expect(
+    dead_code,
+    reason = "each test binary uses a different subset of the helpers"
+)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A child process killed (SIGKILL) and reaped on drop, so a failing test leaves nothing behind.
+pub struct Proc {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `bin args...` and waits (bounded) for its `listening on ADDR` line.
+pub fn spawn_listening(bin: &str, args: &[&str]) -> Proc {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {bin}: {e}"));
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Some(Ok(line)) = lines.next() {
+            if let Some(addr) = line.strip_prefix("listening on ") {
+                let _ = tx.send(addr.to_owned());
+                break;
+            }
+        }
+        // Keep draining so the child never blocks on a full pipe.
+        for _ in lines {}
+    });
+    let addr = match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(addr) => addr,
+        Err(_) => {
+            let _ = child.kill();
+            panic!("{bin} did not print `listening on` within 20 s");
+        }
+    };
+    Proc { child, addr }
+}
+
+pub fn mock_upstream(delay_ms: u64) -> Proc {
+    let delay = delay_ms.to_string();
+    spawn_listening(
+        env!("CARGO_BIN_EXE_mock-upstream"),
+        &["--listen", "127.0.0.1:0", "--delay-ms", &delay],
+    )
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `code` of a `{"error", "code"}` body.
+    pub fn code(&self) -> String {
+        self.json()["code"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`; reads the whole response.
+pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    stream.write_all(req.as_bytes()).expect("write head");
+    // The server may answer (413) and close before reading a large body.
+    let _ = stream.write_all(body);
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    parse_reply(&raw)
+}
+
+fn parse_reply(raw: &[u8]) -> Reply {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(raw)));
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status: u16 = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    let rest = &raw[split + 4..];
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_vec()
+    };
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut rest: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(String::from_utf8_lossy(&rest[..eol]).trim(), 16)
+            .expect("chunk size");
+        if size == 0 {
+            break;
+        }
+        let start = eol + 2;
+        body.extend_from_slice(&rest[start..start + size]);
+        rest = &rest[start + size + 2..];
+    }
+    body
+}
