@@ -1,0 +1,134 @@
+//! Shared by the loopback tests: the mock-upstream binary, run as a child process, and the
+//! loadgen binary under test.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+
+/// Builds `mock-upstream` once per test binary, into the target dir this test runs from (so
+/// no second copy of the gateway's dependencies is compiled), or takes `MOCK_UPSTREAM_BIN`.
+pub fn mock_upstream_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("MOCK_UPSTREAM_BIN") {
+            return PathBuf::from(bin);
+        }
+        // …/<target>/<profile>/deps/<test binary>
+        let exe = std::env::current_exe().expect("test binary path");
+        let profile_dir = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("profile dir");
+        let target_dir = profile_dir.parent().expect("target dir");
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let mut build = Command::new(cargo);
+        build
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "gateway",
+                "--bin",
+                "mock-upstream",
+                "--manifest-path",
+                manifest,
+            ])
+            .arg("--target-dir")
+            .arg(target_dir);
+        if profile_dir
+            .file_name()
+            .is_some_and(|name| name == "release")
+        {
+            build.arg("--release");
+        }
+        let status = build
+            .status()
+            .expect("running cargo build for mock-upstream");
+        assert!(status.success(), "building mock-upstream failed");
+        profile_dir.join("mock-upstream")
+    })
+    .clone()
+}
+
+/// A running mock-upstream, killed when dropped.
+pub struct MockUpstream {
+    child: Child,
+    pub url: String,
+}
+
+impl MockUpstream {
+    pub fn start() -> Self {
+        let mut child = Command::new(mock_upstream_bin())
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting mock-upstream");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("reading mock-upstream stdout");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from mock-upstream: {line:?}"))
+            .to_owned();
+        MockUpstream {
+            child,
+            url: format!("http://{addr}"),
+        }
+    }
+}
+
+impl Drop for MockUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn loadgen(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args(args)
+        .arg("--quiet")
+        .output()
+        .expect("running loadgen")
+}
+
+pub fn read_json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("reading JSON")).expect("valid JSON")
+}
+
+pub struct Row {
+    pub id: u64,
+    pub scheduled_ns: u64,
+    pub sent_ns: u64,
+    pub received_ns: u64,
+    pub status: u16,
+    pub warmup: bool,
+}
+
+pub fn read_csv(path: &std::path::Path) -> Vec<Row> {
+    let text = std::fs::read_to_string(path).expect("reading CSV");
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("request_id,scheduled_ns,sent_ns,received_ns,status,error,warmup")
+    );
+    lines
+        .map(|line| {
+            let f: Vec<&str> = line.split(',').collect();
+            assert_eq!(f.len(), 7, "row {line:?}");
+            Row {
+                id: f[0].parse().unwrap(),
+                scheduled_ns: f[1].parse().unwrap(),
+                sent_ns: f[2].parse().unwrap(),
+                received_ns: f[3].parse().unwrap(),
+                status: f[4].parse().unwrap(),
+                warmup: f[6] == "1",
+            }
+        })
+        .collect()
+}
