@@ -2,5 +2,18 @@
 //! injects a vault credential, calls the upstream tool, and answers only once a signed
 //! receipt is durable in the SQLite ledger.
 
+pub mod act;
+pub mod admin;
+pub mod apikey;
+pub mod app;
+pub mod canonical;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod ledger;
 pub mod mock_upstream;
 pub mod probe;
+pub mod ratelimit;
+pub mod secrets;
+pub mod server;
+pub mod upstream;

@@ -1,0 +1,320 @@
+//! Group commit: one `ledger-writer` thread turns queued receipts into durable, signed rows.
+//!
+//! Per batch, on the writer thread, in this order (probe sites in brackets):
+//! 1. block for the first receipt, then take more until `batch_max` or `batch_wait` passes
+//!    (with `batch_wait = 0`, only what is already queued) [`batch_begin(batch, count)`];
+//! 2. for each record: assign `seq = head + 1`, chain `prev_hash`, hash, and sign
+//!    [`sign_begin(batch, seq)` / `sign_end(batch, seq)`];
+//! 3. insert the whole batch in one transaction and commit (WAL, `synchronous=FULL`, so the
+//!    commit fdatasyncs) [`commit_begin(batch)` … `commit_end(batch)`];
+//! 4. only then complete each waiter [`receipt_durable(req_id, seq)` per record].
+//!
+//! The head (last seq and hash) lives in memory; it is read from the table once at start.
+//! If the commit fails every waiter gets an error and the head rolls back to the last durable
+//! record, so the chain never skips. Autocheckpoint is off on this connection; the writer runs
+//! a passive checkpoint itself every few batches, after completing the waiters, to keep the
+//! WAL file bounded without delaying a batch's responses.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ed25519_dalek::Signer as _;
+use rusqlite::{Connection, OptionalExtension};
+use tokio::sync::oneshot;
+
+use super::signer::Signer;
+use super::{Fields, GENESIS_HASH};
+use crate::probe;
+
+/// A receipt before it has a place in the chain.
+pub struct PendingReceipt {
+    pub ts_ms: i64,
+    pub request_id: u64,
+    pub principal: Box<str>,
+    pub key_id: Arc<str>,
+    pub service: Box<str>,
+    pub action: Box<str>,
+    pub params_digest: [u8; 32],
+    pub decision: &'static str,
+    pub status: u16,
+    pub upstream_latency_us: i64,
+    pub error_code: &'static str,
+}
+
+/// What a request learns once its receipt is committed.
+#[derive(Clone, Copy, Debug)]
+pub struct Durable {
+    pub seq: u64,
+    pub entry_hash: [u8; 32],
+    pub signature: [u8; 64],
+}
+
+#[derive(Debug)]
+pub struct ReceiptFailed;
+
+struct Job {
+    receipt: PendingReceipt,
+    done: oneshot::Sender<Result<Durable, ReceiptFailed>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct WriterOptions {
+    pub batch_max: usize,
+    pub batch_wait: Duration,
+    /// Run a passive WAL checkpoint after this many committed records.
+    pub checkpoint_records: u64,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            batch_max: 256,
+            batch_wait: Duration::ZERO,
+            checkpoint_records: 2048,
+        }
+    }
+}
+
+/// The request side of the ledger: a channel to the writer thread.
+pub struct Ledger {
+    jobs: Sender<Job>,
+    pub signer_key_id: Arc<str>,
+    pub public_key: [u8; 32],
+}
+
+impl Ledger {
+    /// Opens the writer's own connection, reads the head and starts the `ledger-writer` thread.
+    pub fn start(
+        db: &Path,
+        signer: Signer,
+        options: WriterOptions,
+    ) -> anyhow::Result<(Ledger, JoinHandle<()>)> {
+        let conn = crate::db::open(db, false)?;
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
+        let head = conn
+            .query_row(
+                "SELECT seq, entry_hash FROM receipts ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)),
+            )
+            .optional()?;
+        let head = match head {
+            Some((seq, hash)) => Head {
+                seq: seq as u64,
+                hash: hash
+                    .try_into()
+                    .map_err(|_| anyhow::anyhow!("head hash is not 32 bytes"))?,
+            },
+            None => Head {
+                seq: 0,
+                hash: GENESIS_HASH,
+            },
+        };
+        let (jobs, rx) = mpsc::channel();
+        let ledger = Ledger {
+            jobs,
+            signer_key_id: signer.key_id.as_str().into(),
+            public_key: signer.key.verifying_key().to_bytes(),
+        };
+        let writer = Writer {
+            conn,
+            signer,
+            options,
+            head,
+            batch_id: 0,
+            since_checkpoint: 0,
+        };
+        let handle = std::thread::Builder::new()
+            .name("ledger-writer".into())
+            .spawn(move || writer.run(rx))
+            .context("spawning the ledger writer")?;
+        Ok((ledger, handle))
+    }
+
+    /// Queues `receipt` and waits until it is durable.
+    pub async fn append(
+        &self,
+        req_id: u64,
+        receipt: PendingReceipt,
+    ) -> Result<Durable, ReceiptFailed> {
+        let (done, wait) = oneshot::channel();
+        probe::gw_probe_ledger_enqueue(req_id, 0, 0);
+        self.jobs
+            .send(Job { receipt, done })
+            .map_err(|_| ReceiptFailed)?;
+        wait.await.unwrap_or(Err(ReceiptFailed))
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Head {
+    seq: u64,
+    hash: [u8; 32],
+}
+
+struct Writer {
+    conn: Connection,
+    signer: Signer,
+    options: WriterOptions,
+    head: Head,
+    batch_id: u64,
+    since_checkpoint: u64,
+}
+
+struct Sealed {
+    seq: u64,
+    prev_hash: [u8; 32],
+    entry_hash: [u8; 32],
+    signature: [u8; 64],
+}
+
+impl Writer {
+    fn run(mut self, rx: Receiver<Job>) {
+        let mut batch: Vec<Job> = Vec::with_capacity(self.options.batch_max);
+        let mut sealed: Vec<Sealed> = Vec::with_capacity(self.options.batch_max);
+        // Ends when every sender (the server) is gone.
+        while let Ok(first) = rx.recv() {
+            batch.push(first);
+            self.gather(&rx, &mut batch);
+            self.batch_id += 1;
+            let batch_id = self.batch_id;
+            probe::gw_probe_batch_begin(batch_id, batch.len() as u64, 0);
+
+            let start = self.head;
+            for job in &batch {
+                let seq = self.head.seq + 1;
+                let prev_hash = self.head.hash;
+                let entry_hash =
+                    fields(&job.receipt, seq, &prev_hash, &self.signer.key_id).entry_hash();
+                probe::gw_probe_sign_begin(batch_id, seq, 0);
+                let signature = self.signer.key.sign(&entry_hash).to_bytes();
+                probe::gw_probe_sign_end(batch_id, seq, 0);
+                sealed.push(Sealed {
+                    seq,
+                    prev_hash,
+                    entry_hash,
+                    signature,
+                });
+                self.head = Head {
+                    seq,
+                    hash: entry_hash,
+                };
+            }
+
+            probe::gw_probe_commit_begin(batch_id, 0, 0);
+            let committed = self.insert(&batch, &sealed);
+            probe::gw_probe_commit_end(batch_id, 0, 0);
+
+            match committed {
+                Ok(()) => {
+                    for (job, s) in batch.drain(..).zip(&sealed) {
+                        probe::gw_probe_receipt_durable(job.receipt.request_id, s.seq, 0);
+                        let _ = job.done.send(Ok(Durable {
+                            seq: s.seq,
+                            entry_hash: s.entry_hash,
+                            signature: s.signature,
+                        }));
+                    }
+                    self.since_checkpoint += sealed.len() as u64;
+                }
+                Err(_) => {
+                    self.head = start;
+                    for job in batch.drain(..) {
+                        let _ = job.done.send(Err(ReceiptFailed));
+                    }
+                }
+            }
+            sealed.clear();
+            if self.since_checkpoint >= self.options.checkpoint_records {
+                // PASSIVE never waits for readers; a partial checkpoint is finished next time.
+                let _ = self
+                    .conn
+                    .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                self.since_checkpoint = 0;
+            }
+        }
+    }
+
+    fn gather(&self, rx: &Receiver<Job>, batch: &mut Vec<Job>) {
+        let max = self.options.batch_max.max(1);
+        if self.options.batch_wait.is_zero() {
+            while batch.len() < max {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => return,
+                }
+            }
+            return;
+        }
+        let deadline = Instant::now() + self.options.batch_wait;
+        while batch.len() < max {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(job) => batch.push(job),
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    fn insert(&mut self, batch: &[Job], sealed: &[Sealed]) -> rusqlite::Result<()> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "INSERT INTO receipts (seq, ts_ms, request_id, principal, key_id, service, action,
+                   params_digest, decision, status, upstream_latency_us, error_code, prev_hash,
+                   entry_hash, signature, signer_key_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+            )?;
+            for (job, s) in batch.iter().zip(sealed) {
+                let r = &job.receipt;
+                stmt.execute(rusqlite::params![
+                    s.seq as i64,
+                    r.ts_ms,
+                    r.request_id as i64,
+                    &*r.principal,
+                    &*r.key_id,
+                    &*r.service,
+                    &*r.action,
+                    r.params_digest.as_slice(),
+                    r.decision,
+                    i64::from(r.status),
+                    r.upstream_latency_us,
+                    r.error_code,
+                    s.prev_hash.as_slice(),
+                    s.entry_hash.as_slice(),
+                    s.signature.as_slice(),
+                    self.signer.key_id.as_str(),
+                ])?;
+            }
+        }
+        tx.commit()
+    }
+}
+
+fn fields<'a>(
+    r: &'a PendingReceipt,
+    seq: u64,
+    prev_hash: &'a [u8; 32],
+    signer: &'a str,
+) -> Fields<'a> {
+    Fields {
+        seq,
+        ts_ms: r.ts_ms,
+        request_id: r.request_id,
+        principal: &r.principal,
+        key_id: &r.key_id,
+        service: &r.service,
+        action: &r.action,
+        params_digest: &r.params_digest,
+        decision: r.decision,
+        status: i64::from(r.status),
+        upstream_latency_us: r.upstream_latency_us,
+        error_code: r.error_code,
+        prev_hash,
+        signer_key_id: signer,
+    }
+}

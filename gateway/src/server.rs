@@ -1,0 +1,112 @@
+//! The HTTP/1.1 server: accept loop, routing, request ids and the request-level probe sites.
+//!
+//! Per request, on the tokio worker that polls its connection:
+//! `request_begin(req_id, client fd)` when the handler future is created, then the handler
+//! future wrapped in [`Traced`] (`poll_enter` / `poll_exit` around each poll), phases inside,
+//! and `request_end(req_id, status)` as the last thing the handler does, right before hyper
+//! writes the response.
+
+use std::convert::Infallible;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use rand::RngCore;
+use tokio::net::TcpListener;
+
+use crate::act::{self, Answer};
+use crate::app::App;
+use crate::error::ApiError;
+use crate::probe::{self, Traced};
+
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// Accepts connections until the listener fails for good.
+pub async fn serve(app: Arc<App>, listener: TcpListener) {
+    loop {
+        let (stream, _peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(_) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let client_fd = stream.as_raw_fd() as u64;
+        let app = app.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let req_id = request_id(&req);
+                probe::gw_probe_request_begin(req_id, client_fd, 0);
+                Traced::new(req_id, handle(app.clone(), req, req_id))
+            });
+            // Client resets and malformed HTTP end the connection; nothing to report.
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn handle(
+    app: Arc<App>,
+    req: Request<Incoming>,
+    req_id: u64,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let answer = route(&app, req, req_id).await;
+    let status = answer.status;
+    let mut response = Response::new(Full::new(Bytes::from(answer.body)));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(REQUEST_ID, HeaderValue::from(req_id));
+    probe::gw_probe_request_end(req_id, u64::from(status.as_u16()), 0);
+    Ok(response)
+}
+
+async fn route(app: &App, req: Request<Incoming>, req_id: u64) -> Answer {
+    match (req.method(), req.uri().path()) {
+        (&Method::POST, "/v1/act") => act::act(app, req, req_id).await,
+        (&Method::GET, "/healthz") => Answer {
+            status: StatusCode::OK,
+            body: b"{\"ok\":true}".to_vec(),
+        },
+        (&Method::GET, "/v1/receipts/pubkey") => Answer {
+            status: StatusCode::OK,
+            body: app.pubkey_body.to_vec(),
+        },
+        (_, "/v1/act" | "/healthz" | "/v1/receipts/pubkey") => ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "method not allowed",
+        )
+        .into(),
+        _ => ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route").into(),
+    }
+}
+
+/// The client's `x-request-id` (u64 decimal), or a fresh one when absent or invalid.
+fn request_id(req: &Request<Incoming>) -> u64 {
+    req.headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(generate_request_id)
+}
+
+fn generate_request_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    // A random base per process keeps generated ids from colliding across restarts.
+    let base = *BASE.get_or_init(|| rand::rngs::OsRng.next_u64());
+    base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
+}
