@@ -8,6 +8,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -64,6 +65,26 @@ pub fn mock_upstream(delay_ms: u64) -> Proc {
     )
 }
 
+/// Runs the gateway CLI to completion, returning (exit code, stdout, stderr).
+pub fn gateway_cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(args)
+        .output()
+        .expect("running gateway");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn gateway_serve(db: &Path, extra: &[&str]) -> Proc {
+    let db = db.to_str().expect("utf-8 temp path");
+    let mut args = vec!["serve", "--db", db, "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    spawn_listening(env!("CARGO_BIN_EXE_gateway"), &args)
+}
+
 pub struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
@@ -95,10 +116,21 @@ impl Reply {
 
 /// One HTTP/1.1 request with `Connection: close`; reads the whole response.
 pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
-    let mut stream = TcpStream::connect(addr).expect("connect");
+    try_http(addr, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// Like [`http`], but a refused connection or a cut-off response is an `Err`.
+pub fn try_http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<Reply, String> {
+    let mut stream = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
+        .map_err(|e| e.to_string())?;
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
         body.len()
@@ -107,7 +139,9 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
-    stream.write_all(req.as_bytes()).expect("write head");
+    stream
+        .write_all(req.as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
     // The server may answer (413) and close before reading a large body.
     let _ = stream.write_all(body);
     let mut raw = Vec::new();
@@ -115,11 +149,43 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body
     parse_reply(&raw)
 }
 
-fn parse_reply(raw: &[u8]) -> Reply {
+/// `POST /v1/act` with an optional API key and request id.
+pub fn act(addr: &str, key: Option<&str>, req_id: Option<u64>, body: &str) -> Reply {
+    try_act(addr, key, req_id, body).unwrap_or_else(|e| panic!("act: {e}"))
+}
+
+pub fn try_act(
+    addr: &str,
+    key: Option<&str>,
+    req_id: Option<u64>,
+    body: &str,
+) -> Result<Reply, String> {
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let id = req_id.map(|id| id.to_string());
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(auth) = &auth {
+        headers.push(("authorization", auth));
+    }
+    if let Some(id) = &id {
+        headers.push(("x-request-id", id));
+    }
+    try_http(addr, "POST", "/v1/act", &headers, body.as_bytes())
+}
+
+/// `gateway receipts --db` parsed into JSON values.
+pub fn receipts(db: &Path) -> Vec<serde_json::Value> {
+    let (code, out, err) = gateway_cli(&["receipts", "--db", db.to_str().expect("utf-8")]);
+    assert_eq!(code, 0, "receipts failed: {err}");
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad receipt line {l:?}: {e}")))
+        .collect()
+}
+
+fn parse_reply(raw: &[u8]) -> Result<Reply, String> {
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(raw)));
+        .ok_or_else(|| format!("no header end in {:?}", String::from_utf8_lossy(raw)))?;
     let head = String::from_utf8_lossy(&raw[..split]).into_owned();
     let mut lines = head.split("\r\n");
     let status_line = lines.next().unwrap_or_default();
@@ -127,7 +193,7 @@ fn parse_reply(raw: &[u8]) -> Reply {
         .split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
@@ -141,11 +207,11 @@ fn parse_reply(raw: &[u8]) -> Reply {
     } else {
         rest.to_vec()
     };
-    Reply {
+    Ok(Reply {
         status,
         headers,
         body,
-    }
+    })
 }
 
 fn dechunk(mut rest: &[u8]) -> Vec<u8> {
@@ -161,4 +227,58 @@ fn dechunk(mut rest: &[u8]) -> Vec<u8> {
         rest = &rest[start + size + 2..];
     }
     body
+}
+
+/// A demo deployment in a temp dir: mock upstream, `gateway init --demo`, and its API key.
+pub struct Demo {
+    pub dir: tempfile::TempDir,
+    pub db: std::path::PathBuf,
+    pub key: String,
+    pub upstream: Proc,
+}
+
+impl Demo {
+    pub fn new() -> Demo {
+        let upstream = mock_upstream(0);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("gateway.db");
+        let url = format!("http://{}", upstream.addr);
+        let (code, out, err) = gateway_cli(&[
+            "init",
+            "--db",
+            db.to_str().expect("utf-8"),
+            "--demo",
+            "--upstream",
+            &url,
+        ]);
+        assert_eq!(code, 0, "init failed: {err}");
+        let key = out
+            .lines()
+            .find_map(|l| l.strip_prefix("api_key="))
+            .unwrap_or_else(|| panic!("no api_key= line in {out:?}"))
+            .to_owned();
+        Demo {
+            dir,
+            db,
+            key,
+            upstream,
+        }
+    }
+
+    pub fn db_str(&self) -> &str {
+        self.db.to_str().expect("utf-8")
+    }
+
+    /// Runs `gateway <args> --db <db>` and asserts success; returns stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--db", self.db_str()]);
+        let (code, out, err) = gateway_cli(&all);
+        assert_eq!(code, 0, "gateway {args:?} failed: {err}");
+        out
+    }
+
+    pub fn serve(&self) -> Proc {
+        gateway_serve(&self.db, &[])
+    }
 }
