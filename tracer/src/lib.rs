@@ -2,3 +2,6 @@
 //! attach → read events → rebuild requests → aggregate → symbolize → report.
 
 pub mod requests;
+pub mod flame;
+pub mod symbolize;
+pub mod timeline;

@@ -1,0 +1,353 @@
+//! Tail pictures of a session: flamegraphs of where the slowest requests spent their time on
+//! and off CPU, a differential graph against the median band, and a timeline of the 20
+//! slowest and 20 median requests.
+//!
+//! The session pushes every complete request as it arrives ([`FlameSession::push`]); only a
+//! compact spill file grows with the session (memory stays flat). At the end the tail
+//! threshold and the median band are known, and [`FlameSession::finish`] reads the spill
+//! once and writes every picture. See [`fold`] for the frame conventions.
+
+pub mod fold;
+pub mod render;
+pub mod spill;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::fs;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+
+use crate::requests::RequestRecord;
+use crate::symbolize::{StackSource, Symbolizer};
+use crate::timeline::{self, Group, ThreadNames, TraceSummary};
+
+use fold::{Folded, StackCounts};
+use render::Picture;
+use spill::Spill;
+pub use spill::SpilledRequest;
+
+/// How many requests of each group the timeline shows.
+pub const TRACE_REQUESTS_PER_GROUP: usize = 20;
+
+/// Which requests are "tail" and which "median", by overhead (total − upstream) in ns, as the
+/// aggregate computed them: pass its exact ns values so the pictures count the same requests
+/// as breakdown.json's tail view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bands {
+    /// Tail: overhead strictly above this (the p99 of overhead).
+    pub tail_above_ns: u64,
+    /// Median band: overhead within `[median_lo_ns, median_hi_ns]` (p45..p55).
+    pub median_lo_ns: u64,
+    pub median_hi_ns: u64,
+    /// The p50 of overhead: the timeline's median requests are those closest to it.
+    pub median_ns: u64,
+}
+
+impl Bands {
+    /// Nearest-rank percentiles of `overheads` (for callers without an aggregate, and tests):
+    /// the p-th percentile is the smallest value with at least p% of values at or below it.
+    pub fn nearest_rank(overheads: &[u64]) -> Option<Bands> {
+        if overheads.is_empty() {
+            return None;
+        }
+        let mut sorted = overheads.to_vec();
+        sorted.sort_unstable();
+        let n = sorted.len();
+        // Integer ranks: `0.55 * 200` in floating point is 110.00000000000001.
+        let at = |permille: usize| sorted[(permille * n).div_ceil(1000).clamp(1, n) - 1];
+        Some(Bands {
+            tail_above_ns: at(990),
+            median_lo_ns: at(450),
+            median_hi_ns: at(550),
+            median_ns: at(500),
+        })
+    }
+
+    fn is_tail(&self, overhead_ns: u64) -> bool {
+        overhead_ns > self.tail_above_ns
+    }
+
+    fn is_median(&self, overhead_ns: u64) -> bool {
+        (self.median_lo_ns..=self.median_hi_ns).contains(&overhead_ns)
+    }
+}
+
+/// The file names a session writes.
+pub mod files {
+    pub const TAIL_ONCPU: &str = "tail-oncpu";
+    pub const ALL_ONCPU: &str = "all-oncpu";
+    pub const TAIL_OFFCPU: &str = "tail-offcpu";
+    pub const MEDIAN_ONCPU: &str = "median-oncpu";
+    pub const TAIL_DIFF: &str = "tail-diff.svg";
+    pub const TRACE: &str = "trace.json";
+    pub const SUMMARY: &str = "pictures.json";
+}
+
+/// Collects a session's requests for the pictures.
+pub struct FlameSession {
+    out_dir: PathBuf,
+    spill: Spill,
+}
+
+/// What the pictures show, also written as `pictures.json`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlameSummary {
+    pub requests: u64,
+    pub tail_requests: u64,
+    pub median_requests: u64,
+    pub all_samples: u64,
+    pub tail_samples: u64,
+    pub median_samples: u64,
+    pub tail_offcpu_ns: u64,
+    pub trace: TraceSummary,
+    pub slowest_ids: Vec<u64>,
+    pub median_ids: Vec<u64>,
+    pub kernel_names: bool,
+}
+
+impl FlameSession {
+    /// Starts a session writing into `out_dir` (created if missing).
+    pub fn create(out_dir: &Path) -> Result<Self> {
+        fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+        let spill = Spill::create(out_dir)
+            .with_context(|| format!("creating a spill file in {}", out_dir.display()))?;
+        Ok(FlameSession {
+            out_dir: out_dir.to_owned(),
+            spill,
+        })
+    }
+
+    /// Records one complete request; call it for every `Outcome::Complete` as it arrives.
+    pub fn push(&mut self, record: &RequestRecord) -> Result<()> {
+        self.spill
+            .push(record)
+            .context("writing the flame spill file")
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.spill.records()
+    }
+
+    /// Writes every picture into the output directory and removes the spill file.
+    /// `stacks` must still hold the session's stacks; `symbolizer` should have snapshotted
+    /// the target's maps when the session started.
+    pub fn finish(
+        mut self,
+        bands: &Bands,
+        stacks: &dyn StackSource,
+        symbolizer: &mut Symbolizer,
+        threads: &ThreadNames,
+        gateway_pid: u32,
+    ) -> Result<FlameSummary> {
+        let mut all = StackCounts::default();
+        let mut tail = StackCounts::default();
+        let mut median = StackCounts::default();
+        let mut tail_off = StackCounts::default();
+        let mut summary = FlameSummary {
+            kernel_names: symbolizer.kernel_names(),
+            ..FlameSummary::default()
+        };
+        // Min-heaps of the best candidates so far (the worst candidate on top, to evict).
+        let mut slowest: BinaryHeap<Reverse<(u64, Reverse<u64>, Keep)>> = BinaryHeap::new();
+        let mut closest: BinaryHeap<(u64, u64, Keep)> = BinaryHeap::new();
+
+        for req in self
+            .spill
+            .read_back()
+            .context("reading the flame spill file")?
+        {
+            let req = req.context("reading the flame spill file")?;
+            let overhead = req.overhead_ns();
+            summary.requests += 1;
+            summary.all_samples += req.samples.len() as u64;
+            all.add_samples(&req);
+            if bands.is_tail(overhead) {
+                summary.tail_requests += 1;
+                summary.tail_samples += req.samples.len() as u64;
+                tail.add_samples(&req);
+                tail_off.add_offcpu(&req);
+            }
+            if bands.is_median(overhead) {
+                summary.median_requests += 1;
+                summary.median_samples += req.samples.len() as u64;
+                median.add_samples(&req);
+                let key = (overhead.abs_diff(bands.median_ns), req.req_id);
+                let kept = closest.len() < TRACE_REQUESTS_PER_GROUP
+                    || closest
+                        .peek()
+                        .is_some_and(|(distance, id, _)| key < (*distance, *id));
+                if kept {
+                    closest.push((key.0, key.1, Keep(req.clone())));
+                    if closest.len() > TRACE_REQUESTS_PER_GROUP {
+                        closest.pop();
+                    }
+                }
+            }
+            slowest.push(Reverse((overhead, Reverse(req.req_id), Keep(req))));
+            if slowest.len() > TRACE_REQUESTS_PER_GROUP {
+                slowest.pop();
+            }
+        }
+
+        let tail_folded = tail.fold(stacks, symbolizer);
+        let all_folded = all.fold(stacks, symbolizer);
+        let median_folded = median.fold(stacks, symbolizer);
+        let tail_off_folded = tail_off.fold(stacks, symbolizer);
+        summary.tail_offcpu_ns = tail_off_folded.total();
+
+        let tail_us = bands.tail_above_ns as f64 / 1e3;
+        let (lo_us, hi_us) = (
+            bands.median_lo_ns as f64 / 1e3,
+            bands.median_hi_ns as f64 / 1e3,
+        );
+        let oncpu_note =
+            "root frame = phase (cpu.<phase>); then user frames, then kernel frames (_[k])";
+        self.write_pair(
+            files::TAIL_ONCPU,
+            &tail_folded,
+            &Picture {
+                title: format!(
+                    "On-CPU: {} tail requests (overhead > p99 = {tail_us:.1} µs), {} samples",
+                    summary.tail_requests, summary.tail_samples
+                ),
+                subtitle: oncpu_note.to_owned(),
+                count_name: "samples",
+            },
+        )?;
+        self.write_pair(
+            files::ALL_ONCPU,
+            &all_folded,
+            &Picture {
+                title: format!(
+                    "On-CPU: all {} complete requests, {} samples",
+                    summary.requests, summary.all_samples
+                ),
+                subtitle: oncpu_note.to_owned(),
+                count_name: "samples",
+            },
+        )?;
+        self.write_pair(
+            files::TAIL_OFFCPU,
+            &tail_off_folded,
+            &Picture {
+                title: format!(
+                    "Off-CPU: {} tail requests (overhead > p99 = {tail_us:.1} µs), {:.1} ms charged",
+                    summary.tail_requests,
+                    summary.tail_offcpu_ns as f64 / 1e6
+                ),
+                subtitle: "root frame = part charged; stack at switch-out; ledger-writer;fdatasync|sign = \
+                           writer time with no switch-out stack"
+                    .to_owned(),
+                count_name: "ns",
+            },
+        )?;
+        fs::write(
+            self.out_dir.join(format!("{}.folded", files::MEDIAN_ONCPU)),
+            median_folded.to_text(),
+        )?;
+        let diff = Picture {
+            title: format!(
+                "On-CPU, tail ({} requests > p99) vs median band ({} requests, p45..p55 = {lo_us:.1}..{hi_us:.1} µs)",
+                summary.tail_requests, summary.median_requests
+            ),
+            subtitle: "widths: tail samples; red = larger share in the tail than in the median band, blue = smaller \
+                       (median scaled to the tail's total)"
+                .to_owned(),
+            count_name: "samples",
+        };
+        write_file(&self.out_dir.join(files::TAIL_DIFF), |out| {
+            render::differential_svg(&diff, &median_folded, &tail_folded, out)
+        })?;
+
+        let mut slowest: Vec<_> = slowest
+            .into_iter()
+            .map(|Reverse((o, Reverse(id), Keep(r)))| (o, id, r))
+            .collect();
+        slowest.sort_by_key(|(o, id, _)| (Reverse(*o), *id));
+        let mut closest: Vec<_> = closest.into_iter().collect();
+        closest.sort_by_key(|(distance, id, _)| (*distance, *id));
+        summary.slowest_ids = slowest.iter().map(|(_, id, _)| *id).collect();
+        summary.median_ids = closest.iter().map(|(_, id, _)| *id).collect();
+        let selected: Vec<(Group, &SpilledRequest)> = slowest
+            .iter()
+            .map(|(_, _, r)| (Group::Slowest, r))
+            .chain(closest.iter().map(|(_, _, Keep(r))| (Group::Median, r)))
+            .collect();
+        summary.trace = timeline::write_trace(
+            &self.out_dir.join(files::TRACE),
+            &selected,
+            threads,
+            gateway_pid,
+        )
+        .context("writing trace.json")?;
+
+        fs::write(
+            self.out_dir.join(files::SUMMARY),
+            summary_json(&summary, bands),
+        )?;
+        Ok(summary)
+    }
+
+    fn write_pair(&self, stem: &str, folded: &Folded, picture: &Picture) -> Result<()> {
+        fs::write(
+            self.out_dir.join(format!("{stem}.folded")),
+            folded.to_text(),
+        )
+        .with_context(|| format!("writing {stem}.folded"))?;
+        write_file(&self.out_dir.join(format!("{stem}.svg")), |out| {
+            render::svg(picture, folded, out)
+        })
+    }
+}
+
+fn write_file(
+    path: &Path,
+    render: impl FnOnce(&mut BufWriter<fs::File>) -> io::Result<()>,
+) -> Result<()> {
+    let mut out = BufWriter::new(
+        fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    render(&mut out)
+        .and_then(|()| out.flush())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn summary_json(s: &FlameSummary, bands: &Bands) -> String {
+    let value = json!({
+        "requests": s.requests,
+        "tail": { "above_overhead_ns": bands.tail_above_ns, "requests": s.tail_requests,
+                  "samples": s.tail_samples, "offcpu_ns": s.tail_offcpu_ns },
+        "median_band": { "overhead_ns": [bands.median_lo_ns, bands.median_hi_ns], "requests": s.median_requests,
+                         "samples": s.median_samples },
+        "all_samples": s.all_samples,
+        "trace": { "slowest_req_ids": s.slowest_ids, "median_req_ids": s.median_ids,
+                   "thread_tracks": s.trace.thread_tracks, "complete_events": s.trace.events },
+        "kernel_symbols": s.kernel_names,
+    });
+    let mut text = serde_json::to_string_pretty(&value).expect("a json value serializes");
+    text.push('\n');
+    text
+}
+
+/// A request ordered by nothing: heaps order by the keys beside it.
+struct Keep(SpilledRequest);
+
+impl PartialEq for Keep {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for Keep {}
+impl PartialOrd for Keep {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Keep {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}

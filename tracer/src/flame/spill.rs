@@ -1,0 +1,381 @@
+//! A compact on-disk log of what the pictures need from each complete request, so a long
+//! session stays bounded in memory: the tail threshold is only known at the end, and the
+//! flamegraphs and the timeline are built in one read pass over this file.
+//!
+//! Format: one record per request, `varint(len) ++ body`; all integers are LEB128 varints,
+//! signed ones (stack ids, times that could precede `t_arrive`) zigzag-encoded. The file is
+//! private to one session and removed when the [`Spill`] is dropped.
+
+use std::fs::{self, File};
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use tracer_ebpf::sites::Phase;
+
+use crate::requests::{OffCpu, PARTS, Part, RequestRecord, Slice, StackSample};
+
+/// The parts of a [`RequestRecord`] the pictures use (everything but the hit counts).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpilledRequest {
+    pub req_id: u64,
+    pub status: u16,
+    pub t_arrive_ns: u64,
+    pub t_done_ns: u64,
+    pub parts: [u64; PARTS],
+    pub slices: Vec<Slice>,
+    pub samples: Vec<StackSample>,
+    pub offcpu: Vec<OffCpu>,
+}
+
+impl SpilledRequest {
+    pub fn overhead_ns(&self) -> u64 {
+        self.total_ns() - self.part_ns(Part::Upstream)
+    }
+
+    pub fn total_ns(&self) -> u64 {
+        self.t_done_ns - self.t_arrive_ns
+    }
+
+    pub fn part_ns(&self, part: Part) -> u64 {
+        self.parts[part.index()]
+    }
+}
+
+/// Writes records to a file in the session's output directory, removed on drop.
+pub struct Spill {
+    path: PathBuf,
+    writer: Option<BufWriter<File>>,
+    records: u64,
+    scratch: Vec<u8>,
+}
+
+impl Spill {
+    /// Creates `dir/.flame-spill.bin` (truncating a leftover from a crashed session).
+    pub fn create(dir: &Path) -> io::Result<Self> {
+        let path = dir.join(".flame-spill.bin");
+        let file = File::create(&path)?;
+        Ok(Spill {
+            path,
+            writer: Some(BufWriter::with_capacity(1 << 20, file)),
+            records: 0,
+            scratch: Vec::with_capacity(512),
+        })
+    }
+
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    pub fn push(&mut self, record: &RequestRecord) -> io::Result<()> {
+        let Some(writer) = self.writer.as_mut() else {
+            return Err(io::Error::other("spill already finished"));
+        };
+        self.scratch.clear();
+        encode(record, &mut self.scratch);
+        let mut len = Vec::with_capacity(5);
+        put_u(&mut len, self.scratch.len() as u64);
+        writer.write_all(&len)?;
+        writer.write_all(&self.scratch)?;
+        self.records += 1;
+        Ok(())
+    }
+
+    /// Flushes and returns a reader over every record pushed so far, in push order.
+    pub fn read_back(&mut self) -> io::Result<SpillReader> {
+        if let Some(mut writer) = self.writer.take() {
+            writer.flush()?;
+        }
+        Ok(SpillReader {
+            reader: BufReader::with_capacity(1 << 20, File::open(&self.path)?),
+            body: Vec::with_capacity(512),
+        })
+    }
+}
+
+impl Drop for Spill {
+    fn drop(&mut self) {
+        self.writer = None;
+        // Best effort: the file is scratch space and must not outlive the session.
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+pub struct SpillReader {
+    reader: BufReader<File>,
+    body: Vec<u8>,
+}
+
+impl Iterator for SpillReader {
+    type Item = io::Result<SpilledRequest>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let len = match read_len(&mut self.reader) {
+            Ok(Some(len)) => len,
+            Ok(None) => return None,
+            Err(err) => return Some(Err(err)),
+        };
+        self.body.resize(len, 0);
+        if let Err(err) = self.reader.read_exact(&mut self.body) {
+            return Some(Err(err));
+        }
+        Some(decode(&self.body).ok_or_else(|| invalid("corrupt spill record")))
+    }
+}
+
+fn invalid(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.to_owned())
+}
+
+/// Reads a record length; `None` at a clean end of file.
+fn read_len(reader: &mut impl Read) -> io::Result<Option<usize>> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let mut byte = [0u8];
+        if reader.read(&mut byte)? == 0 {
+            return if shift == 0 {
+                Ok(None)
+            } else {
+                Err(invalid("truncated spill length"))
+            };
+        }
+        value |= u64::from(byte[0] & 0x7f) << shift;
+        if byte[0] & 0x80 == 0 {
+            return usize::try_from(value)
+                .map(Some)
+                .map_err(|_| invalid("spill length"));
+        }
+    }
+    Err(invalid("spill length too long"))
+}
+
+fn encode(r: &RequestRecord, out: &mut Vec<u8>) {
+    put_u(out, r.req_id);
+    put_u(out, u64::from(r.status));
+    put_u(out, r.t_arrive_ns);
+    put_u(out, r.t_done_ns - r.t_arrive_ns);
+    for ns in r.parts {
+        put_u(out, ns);
+    }
+    put_u(out, r.slices.len() as u64);
+    for s in &r.slices {
+        put_i(out, s.start_ns as i64 - r.t_arrive_ns as i64);
+        put_u(out, s.end_ns - s.start_ns);
+        put_u(out, s.part.index() as u64);
+        put_u(out, u64::from(s.tid));
+    }
+    put_u(out, r.samples.len() as u64);
+    for s in &r.samples {
+        put_i(out, s.ts_ns as i64 - r.t_arrive_ns as i64);
+        put_u(out, u64::from(s.tid));
+        put_i(out, s.kernel_stack);
+        put_i(out, s.user_stack);
+        put_u(out, s.phase.map_or(0, |p| p as u64));
+    }
+    put_u(out, r.offcpu.len() as u64);
+    for o in &r.offcpu {
+        put_u(out, u64::from(o.tid));
+        put_u(out, o.ns);
+        put_i(out, o.kernel_stack);
+        put_i(out, o.user_stack);
+        put_u(out, o.part.index() as u64);
+    }
+}
+
+fn decode(body: &[u8]) -> Option<SpilledRequest> {
+    let mut c = Cursor { body, at: 0 };
+    let req_id = c.u()?;
+    let status = u16::try_from(c.u()?).ok()?;
+    let t_arrive_ns = c.u()?;
+    let t_done_ns = t_arrive_ns.checked_add(c.u()?)?;
+    let mut parts = [0u64; PARTS];
+    for ns in &mut parts {
+        *ns = c.u()?;
+    }
+    let slices = (0..c.count()?)
+        .map(|_| {
+            let start_ns = t_arrive_ns.checked_add_signed(c.i()?)?;
+            Some(Slice {
+                start_ns,
+                end_ns: start_ns.checked_add(c.u()?)?,
+                part: c.part()?,
+                tid: c.tid()?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let samples = (0..c.count()?)
+        .map(|_| {
+            Some(StackSample {
+                ts_ns: t_arrive_ns.checked_add_signed(c.i()?)?,
+                tid: c.tid()?,
+                kernel_stack: c.i()?,
+                user_stack: c.i()?,
+                phase: match c.u()? {
+                    0 => None,
+                    id => Some(Phase::from_id(id)?),
+                },
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let offcpu = (0..c.count()?)
+        .map(|_| {
+            Some(OffCpu {
+                tid: c.tid()?,
+                ns: c.u()?,
+                kernel_stack: c.i()?,
+                user_stack: c.i()?,
+                part: c.part()?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (c.at == body.len()).then_some(SpilledRequest {
+        req_id,
+        status,
+        t_arrive_ns,
+        t_done_ns,
+        parts,
+        slices,
+        samples,
+        offcpu,
+    })
+}
+
+fn put_u(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn put_i(out: &mut Vec<u8>, value: i64) {
+    put_u(out, ((value << 1) ^ (value >> 63)) as u64);
+}
+
+struct Cursor<'a> {
+    body: &'a [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn u(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *self.body.get(self.at)?;
+            self.at += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    fn i(&mut self) -> Option<i64> {
+        let raw = self.u()?;
+        Some(((raw >> 1) as i64) ^ -((raw & 1) as i64))
+    }
+
+    /// A length that cannot exceed the bytes left, so a corrupt count cannot allocate wildly.
+    fn count(&mut self) -> Option<usize> {
+        let n = usize::try_from(self.u()?).ok()?;
+        (n <= self.body.len() - self.at).then_some(n)
+    }
+
+    fn tid(&mut self) -> Option<u32> {
+        u32::try_from(self.u()?).ok()
+    }
+
+    fn part(&mut self) -> Option<Part> {
+        Part::ALL.get(usize::try_from(self.u()?).ok()?).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::requests::Hits;
+
+    fn record(req_id: u64) -> RequestRecord {
+        let mut parts = [0u64; PARTS];
+        parts[Part::Scheduling.index()] = 40;
+        parts[Part::Cpu(Phase::Auth).index()] = 60;
+        RequestRecord {
+            req_id,
+            status: 200,
+            t_arrive_ns: 1_000_000_000_000,
+            t_done_ns: 1_000_000_000_100,
+            parts,
+            slices: vec![
+                Slice {
+                    start_ns: 1_000_000_000_000,
+                    end_ns: 1_000_000_000_040,
+                    part: Part::Scheduling,
+                    tid: 0,
+                },
+                Slice {
+                    start_ns: 1_000_000_000_040,
+                    end_ns: 1_000_000_000_100,
+                    part: Part::Cpu(Phase::Auth),
+                    tid: 77,
+                },
+            ],
+            samples: vec![StackSample {
+                ts_ns: 1_000_000_000_050,
+                tid: 77,
+                kernel_stack: -1,
+                user_stack: 12,
+                phase: Some(Phase::Auth),
+            }],
+            offcpu: vec![OffCpu {
+                tid: 78,
+                ns: 5,
+                kernel_stack: 3,
+                user_stack: -1,
+                part: Part::LedgerFsync,
+            }],
+            hits: Hits::default(),
+        }
+    }
+
+    #[test]
+    fn records_round_trip_in_order_and_the_file_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spill = Spill::create(dir.path()).unwrap();
+        for id in [u64::MAX, 7, 0] {
+            spill.push(&record(id)).unwrap();
+        }
+        let back: Vec<_> = spill
+            .read_back()
+            .unwrap()
+            .collect::<io::Result<_>>()
+            .unwrap();
+        assert_eq!(back.len(), 3);
+        for (got, id) in back.iter().zip([u64::MAX, 7, 0]) {
+            let want = record(id);
+            assert_eq!(got.req_id, id);
+            assert_eq!(got.parts, want.parts);
+            assert_eq!(got.slices, want.slices);
+            assert_eq!(got.samples, want.samples);
+            assert_eq!(got.offcpu, want.offcpu);
+            assert_eq!(got.overhead_ns(), want.overhead_ns());
+        }
+        let path = dir.path().join(".flame-spill.bin");
+        assert!(path.exists());
+        drop(spill);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_truncated_file_is_an_error_not_a_short_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spill = Spill::create(dir.path()).unwrap();
+        spill.push(&record(1)).unwrap();
+        spill.read_back().unwrap();
+        let path = dir.path().join(".flame-spill.bin");
+        let bytes = fs::read(&path).unwrap();
+        fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+        let results: Vec<_> = spill.read_back().unwrap().collect();
+        assert_eq!(results.len(), 1);
+        assert!(results[0].is_err());
+    }
+}

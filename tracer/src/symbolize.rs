@@ -1,0 +1,362 @@
+//! Stack ids → frame names for folded stacks.
+//!
+//! User frames: the address is located in a snapshot of the target's `/proc/PID/maps`, turned
+//! into a file offset of the mapped ELF, and resolved by blazesym (ELF symbols and DWARF,
+//! inlined calls expanded, Rust and C++ names demangled). The snapshot is taken when the
+//! session starts, so frames still resolve after the target has exited. Kernel frames come
+//! from `/proc/kallsyms` and carry the `_[k]` suffix that inferno and perf use for kernel code.
+//!
+//! Every name is sanitized for the folded format (`;` separates frames, a newline ends a line)
+//! and cached per address, and whole stacks are cached per stack id.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use anyhow::{Context, Result};
+use blazesym::MaybeDefault;
+use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
+
+/// Where stack ids come from: the kernel's stack-trace map, or synthetic stacks in tests.
+/// Kernel and user stacks share one id space (one map).
+pub trait StackSource {
+    /// The instruction pointers of stack `id`, innermost first (as `bpf_get_stackid` stores
+    /// them); `None` for a negative id (no stack taken) or one the map no longer holds.
+    fn stack(&self, id: i64) -> Option<Vec<u64>>;
+}
+
+impl<T: std::borrow::Borrow<aya::maps::MapData>> StackSource for aya::maps::StackTraceMap<T> {
+    fn stack(&self, id: i64) -> Option<Vec<u64>> {
+        let id = u32::try_from(id).ok()?;
+        let trace = self.get(&id, 0).ok()?;
+        Some(trace.frames().iter().map(|frame| frame.ip).collect())
+    }
+}
+
+impl StackSource for HashMap<i64, Vec<u64>> {
+    fn stack(&self, id: i64) -> Option<Vec<u64>> {
+        self.get(&id).cloned()
+    }
+}
+
+/// The suffix that marks a kernel frame.
+pub const KERNEL_MARK: &str = "_[k]";
+
+/// One executable mapping of the target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecMapping {
+    pub start: u64,
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    /// The mapped file, or a pseudo name such as `[vdso]`.
+    pub path: PathBuf,
+}
+
+/// The executable mappings of a process, sorted by address.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessMaps {
+    mappings: Vec<ExecMapping>,
+}
+
+impl ProcessMaps {
+    pub fn read(pid: u32) -> Result<Self> {
+        let path = format!("/proc/{pid}/maps");
+        let text = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        Ok(Self::parse(&text))
+    }
+
+    /// Parses `/proc/PID/maps` text, keeping executable mappings; malformed lines are skipped.
+    pub fn parse(text: &str) -> Self {
+        let mut mappings: Vec<ExecMapping> = text.lines().filter_map(parse_maps_line).collect();
+        mappings.sort_by_key(|m| m.start);
+        ProcessMaps { mappings }
+    }
+
+    pub fn find(&self, addr: u64) -> Option<&ExecMapping> {
+        let at = self.mappings.partition_point(|m| m.start <= addr);
+        let mapping = self.mappings.get(at.checked_sub(1)?)?;
+        (addr < mapping.end).then_some(mapping)
+    }
+
+    pub fn mappings(&self) -> &[ExecMapping] {
+        &self.mappings
+    }
+}
+
+fn parse_maps_line(line: &str) -> Option<ExecMapping> {
+    let mut fields = line.split_ascii_whitespace();
+    let (start, end) = fields.next()?.split_once('-')?;
+    let perms = fields.next()?;
+    let offset = fields.next()?;
+    let _dev = fields.next()?;
+    let _inode = fields.next()?;
+    // The path is the rest of the line and may contain spaces.
+    let path = fields.collect::<Vec<_>>().join(" ");
+    if !perms.contains('x') || path.is_empty() {
+        return None;
+    }
+    Some(ExecMapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        path: PathBuf::from(path),
+    })
+}
+
+/// Makes a symbol name safe as one folded frame.
+pub fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            ';' => ':',
+            '\n' | '\r' => ' ',
+            c => c,
+        })
+        .collect()
+}
+
+/// Whether `/proc/kallsyms` shows real addresses (it shows zeros without privilege).
+pub fn kallsyms_readable() -> bool {
+    let Ok(text) = fs::read_to_string("/proc/kallsyms") else {
+        return false;
+    };
+    text.lines().take(1000).any(|line| {
+        line.split(' ')
+            .next()
+            .is_some_and(|addr| addr.bytes().any(|b| b != b'0'))
+    })
+}
+
+/// Resolves addresses of one target process and of the kernel.
+pub struct Symbolizer {
+    blaze: Blaze,
+    maps: ProcessMaps,
+    kernel: bool,
+    user_addrs: HashMap<u64, Rc<[String]>>,
+    kernel_addrs: HashMap<u64, Rc<str>>,
+    user_stacks: HashMap<i64, Option<Rc<str>>>,
+    kernel_stacks: HashMap<i64, Option<Rc<str>>>,
+}
+
+impl Symbolizer {
+    /// Snapshots the executable mappings of `pid` now; kernel frames resolve if kallsyms
+    /// shows addresses.
+    pub fn for_process(pid: u32) -> Result<Self> {
+        Ok(Self::new(ProcessMaps::read(pid)?))
+    }
+
+    pub fn new(maps: ProcessMaps) -> Self {
+        Symbolizer {
+            blaze: Blaze::new(),
+            maps,
+            kernel: kallsyms_readable(),
+            user_addrs: HashMap::new(),
+            kernel_addrs: HashMap::new(),
+            user_stacks: HashMap::new(),
+            kernel_stacks: HashMap::new(),
+        }
+    }
+
+    /// Whether kernel frames get names (else they show as `[unknown]_[k]`).
+    pub fn kernel_names(&self) -> bool {
+        self.kernel
+    }
+
+    /// The frames at one user address, outermost first: the function containing `addr`, then
+    /// the calls inlined into it. An unresolved address shows as `[module]` or `[unknown]`.
+    pub fn user_frames(&mut self, addr: u64) -> Rc<[String]> {
+        if let Some(frames) = self.user_addrs.get(&addr) {
+            return frames.clone();
+        }
+        let frames: Rc<[String]> = self.resolve_user(addr).into();
+        self.user_addrs.insert(addr, frames.clone());
+        frames
+    }
+
+    fn resolve_user(&self, addr: u64) -> Vec<String> {
+        let Some(mapping) = self.maps.find(addr) else {
+            return vec!["[unknown]".to_owned()];
+        };
+        let module = || {
+            let name = mapping.path.file_name().map_or_else(
+                || mapping.path.to_string_lossy(),
+                |name| name.to_string_lossy(),
+            );
+            vec![format!("[{}]", sanitize(&name))]
+        };
+        if !mapping.path.is_absolute() {
+            return module();
+        }
+        let offset = addr - mapping.start + mapping.offset;
+        let source = Source::Elf(Elf::new(&mapping.path));
+        match self
+            .blaze
+            .symbolize_single(&source, Input::FileOffset(offset))
+        {
+            Ok(Symbolized::Sym(sym)) => std::iter::once(sym.name.as_ref())
+                .chain(sym.inlined.iter().map(|inlined| inlined.name.as_ref()))
+                .map(sanitize)
+                .collect(),
+            Ok(Symbolized::Unknown(_)) | Err(_) => module(),
+        }
+    }
+
+    /// The name of the kernel function at `addr`, with the kernel mark.
+    pub fn kernel_frame(&mut self, addr: u64) -> Rc<str> {
+        if let Some(name) = self.kernel_addrs.get(&addr) {
+            return name.clone();
+        }
+        let name: Rc<str> = format!("{}{KERNEL_MARK}", self.resolve_kernel(addr)).into();
+        self.kernel_addrs.insert(addr, name.clone());
+        name
+    }
+
+    fn resolve_kernel(&self, addr: u64) -> String {
+        if !self.kernel {
+            return "[unknown]".to_owned();
+        }
+        let source = Source::Kernel(Kernel {
+            kallsyms: MaybeDefault::Default,
+            // kallsyms alone: searching for a vmlinux image is slow and rarely fruitful here.
+            vmlinux: MaybeDefault::None,
+            debug_syms: false,
+            ..Kernel::default()
+        });
+        match self.blaze.symbolize_single(&source, Input::AbsAddr(addr)) {
+            Ok(Symbolized::Sym(sym)) => sanitize(&sym.name),
+            Ok(Symbolized::Unknown(_)) | Err(_) => "[unknown]".to_owned(),
+        }
+    }
+
+    /// User stack `id` as folded frames, outermost first (`a;b;c`); `None` if there is none.
+    pub fn user_stack(&mut self, stacks: &dyn StackSource, id: i64) -> Option<Rc<str>> {
+        if let Some(folded) = self.user_stacks.get(&id) {
+            return folded.clone();
+        }
+        let folded = stacks.stack(id).filter(|ips| !ips.is_empty()).map(|ips| {
+            let mut frames = Vec::new();
+            for (depth, ip) in ips.iter().enumerate().rev() {
+                frames.extend(self.user_frames(call_site(depth, *ip)).iter().cloned());
+            }
+            Rc::from(frames.join(";"))
+        });
+        self.user_stacks.insert(id, folded.clone());
+        folded
+    }
+
+    /// Kernel stack `id` as folded frames, outermost first; `None` if there is none.
+    pub fn kernel_stack(&mut self, stacks: &dyn StackSource, id: i64) -> Option<Rc<str>> {
+        if let Some(folded) = self.kernel_stacks.get(&id) {
+            return folded.clone();
+        }
+        let folded = stacks.stack(id).filter(|ips| !ips.is_empty()).map(|ips| {
+            let frames: Vec<Rc<str>> = ips
+                .iter()
+                .enumerate()
+                .rev()
+                .map(|(depth, ip)| self.kernel_frame(call_site(depth, *ip)))
+                .collect();
+            Rc::from(frames.join(";"))
+        });
+        self.kernel_stacks.insert(id, folded.clone());
+        folded
+    }
+
+    /// A whole stack, user frames then kernel frames, outermost first; `None` if neither
+    /// half was taken.
+    pub fn stack(
+        &mut self,
+        stacks: &dyn StackSource,
+        kernel_id: i64,
+        user_id: i64,
+    ) -> Option<String> {
+        let user = self.user_stack(stacks, user_id);
+        let kernel = self.kernel_stack(stacks, kernel_id);
+        match (user, kernel) {
+            (Some(user), Some(kernel)) => Some(format!("{user};{kernel}")),
+            (Some(only), None) | (None, Some(only)) => Some(only.to_string()),
+            (None, None) => None,
+        }
+    }
+}
+
+/// Every frame but the innermost holds a return address, which may already belong to the
+/// next line or function; the call itself is one byte earlier (as perf does).
+fn call_site(depth: usize, ip: u64) -> u64 {
+    if depth == 0 { ip } else { ip.saturating_sub(1) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const MAPS: &str = "\
+55d0c0000000-55d0c0100000 r--p 00000000 08:01 1234 /opt/gw/gateway
+55d0c0100000-55d0c0800000 r-xp 00100000 08:01 1234 /opt/gw/gateway
+7f0000000000-7f0000010000 r-xp 00028000 08:01 99 /usr/lib/my lib.so
+7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0 [vdso]
+7ffe00000000-7ffe00001000 rw-p 00000000 00:00 0 [stack]
+garbage line
+";
+
+    #[test]
+    fn maps_keep_executable_mappings_with_paths_that_contain_spaces() {
+        let maps = ProcessMaps::parse(MAPS);
+        let paths: Vec<_> = maps
+            .mappings()
+            .iter()
+            .map(|m| m.path.to_str().unwrap())
+            .collect();
+        assert_eq!(paths, ["/opt/gw/gateway", "/usr/lib/my lib.so", "[vdso]"]);
+        let gw = maps.find(0x55d0c0100010).unwrap();
+        assert_eq!(gw.offset, 0x100000);
+        assert!(
+            maps.find(0x55d0c0000010).is_none(),
+            "the r--p mapping is not executable"
+        );
+        assert!(maps.find(0x55d0c0800000).is_none(), "end is exclusive");
+        assert_eq!(
+            maps.find(0x7f0000000001).unwrap().path,
+            Path::new("/usr/lib/my lib.so")
+        );
+    }
+
+    #[test]
+    fn unresolvable_addresses_name_their_module_or_are_unknown() {
+        let mut sym = Symbolizer::new(ProcessMaps::parse(MAPS));
+        assert_eq!(&*sym.user_frames(0x1), ["[unknown]"]);
+        assert_eq!(&*sym.user_frames(0x7ffd00000010), ["[[vdso]]"]);
+        // The file does not exist: the frame still says where the address was.
+        assert_eq!(&*sym.user_frames(0x55d0c0100010), ["[gateway]"]);
+    }
+
+    #[test]
+    fn sanitize_keeps_one_frame_one_field() {
+        assert_eq!(
+            sanitize("core::array<[u8; 32]>\nx"),
+            "core::array<[u8: 32]> x"
+        );
+    }
+
+    #[test]
+    fn stacks_fold_outermost_first_user_before_kernel() {
+        let mut sym = Symbolizer::new(ProcessMaps::default());
+        let stacks: HashMap<i64, Vec<u64>> = HashMap::from([(1, vec![0x10, 0x20]), (2, vec![])]);
+        assert_eq!(
+            sym.user_stack(&stacks, 1).as_deref(),
+            Some("[unknown];[unknown]")
+        );
+        assert_eq!(
+            sym.user_stack(&stacks, 2),
+            None,
+            "an empty stack is no stack"
+        );
+        assert_eq!(sym.stack(&stacks, -1, -1), None);
+        let both = sym.stack(&stacks, 1, 1).unwrap();
+        assert!(both.ends_with(&format!("[unknown]{KERNEL_MARK}")), "{both}");
+        assert!(both.starts_with("[unknown];[unknown];"), "{both}");
+    }
+}
