@@ -1,6 +1,8 @@
 //! Developer tasks: `cargo xtask <command>`.
 
 mod bench;
+mod machine;
+mod procs;
 mod profile;
 mod run_tracer;
 mod setup;

@@ -1,0 +1,383 @@
+//! The processes of a measurement session: release binaries built once, children pinned to
+//! CPUs with `taskset`, readiness checks, and kill-and-reap on drop so an error (or a dying
+//! xtask: see `PR_SET_PDEATHSIG` below) never leaves a gateway or upstream running.
+
+use std::fs::File;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+
+/// How long a server may take to print `listening on` and answer `/healthz`.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a SIGTERM'd child gets to exit before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// The release binaries of a session.
+pub struct Binaries {
+    pub gateway: PathBuf,
+    pub mock_upstream: PathBuf,
+    pub loadgen: PathBuf,
+}
+
+impl Binaries {
+    /// `cargo build --release -p gateway -p loadgen`, once, reading the executables' paths
+    /// from cargo's JSON messages (so `CARGO_TARGET_DIR` and config are honoured).
+    pub fn build() -> anyhow::Result<Self> {
+        eprintln!("xtask: cargo build --release -p gateway -p loadgen");
+        let output = Command::new(env!("CARGO"))
+            .current_dir(workspace_root())
+            .args(["build", "--release", "-p", "gateway", "-p", "loadgen"])
+            .args(["--message-format", "json-render-diagnostics"])
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running cargo build")?;
+        ensure!(
+            output.status.success(),
+            "cargo build --release failed ({})",
+            output.status
+        );
+        let mut executables = Vec::new();
+        for line in output.stdout.split(|&b| b == b'\n') {
+            let Ok(message) = serde_json::from_slice::<serde_json::Value>(line) else {
+                continue;
+            };
+            if let Some(path) = message["executable"].as_str() {
+                executables.push(PathBuf::from(path));
+            }
+        }
+        let find = |name: &str| {
+            executables
+                .iter()
+                .find(|path| path.file_name().is_some_and(|file| file == name))
+                .cloned()
+                .with_context(|| format!("cargo build produced no `{name}` binary"))
+        };
+        Ok(Binaries {
+            gateway: find("gateway")?,
+            mock_upstream: find("mock-upstream")?,
+            loadgen: find("loadgen")?,
+        })
+    }
+}
+
+/// A child process, killed and reaped when dropped. Its stderr (and stdout unless read) go to
+/// `log`, quoted when something fails.
+pub struct Proc {
+    pub name: String,
+    /// The `taskset -c` list it was started with, if any.
+    pub cpus: Option<String>,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `program args` under `taskset -c cpus` when `cpus` is given. The child gets
+    /// SIGKILL if xtask dies first.
+    pub fn spawn(
+        name: &str,
+        cpus: Option<&str>,
+        program: &Path,
+        args: &[String],
+        log_dir: &Path,
+        pipe_stdout: bool,
+    ) -> anyhow::Result<Proc> {
+        let log = log_dir.join(format!("{name}.log"));
+        let log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut command = match cpus {
+            Some(cpus) => {
+                let mut command = Command::new("taskset");
+                command.args(["-c", cpus]).arg(program);
+                command
+            }
+            None => Command::new(program),
+        };
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(log_file.try_clone()?);
+        if pipe_stdout {
+            command.stdout(Stdio::piped());
+        } else {
+            command.stdout(log_file);
+        }
+        // SAFETY: prctl is async-signal-safe; the closure touches no memory of the parent.
+        // taskset execs the program in the same process, which keeps the death signal.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        Ok(Proc {
+            name: name.to_owned(),
+            cpus: cpus.map(str::to_owned),
+            child,
+            log,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The CPUs the kernel lets it run on (`Cpus_allowed_list`), to record the pinning as
+    /// applied rather than as asked.
+    pub fn cpus_allowed(&self) -> anyhow::Result<String> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
+            .map(|list| list.trim().to_owned())
+            .context("no Cpus_allowed_list in /proc/PID/status")
+    }
+
+    /// Waits for the first stdout line starting with `listening on ` and returns the address.
+    /// The rest of stdout keeps draining into nothing, so the child never blocks on a pipe.
+    fn wait_listening(&mut self) -> anyhow::Result<String> {
+        let stdout = self.child.stdout.take().context("stdout was not piped")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let mut sent = false;
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                if !sent && let Some(addr) = line.trim().strip_prefix("listening on ") {
+                    let _ = tx.send(addr.to_owned());
+                    sent = true;
+                }
+                line.clear();
+            }
+        });
+        match rx.recv_timeout(READY_TIMEOUT) {
+            Ok(addr) => Ok(addr),
+            Err(_) => bail!(
+                "{} did not print `listening on ADDR` within {READY_TIMEOUT:?}{}",
+                self.name,
+                self.log_tail()
+            ),
+        }
+    }
+
+    /// Waits for it to exit; kills it past `timeout`.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                bail!(
+                    "{} still running after {timeout:?}; killed{}",
+                    self.name,
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after a grace period; reaps it either way.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        if self.child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        // SAFETY: sending a signal to our own child's pid; it is not reaped yet, so the pid is
+        // still ours.
+        unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGTERM) };
+        if self.wait_timeout(STOP_GRACE).is_err() {
+            eprintln!(
+                "xtask: {} ignored SIGTERM for {STOP_GRACE:?}; killed",
+                self.name
+            );
+        }
+        Ok(())
+    }
+
+    /// The end of its log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = File::open(&self.log) {
+            let _ = file.read_to_string(&mut text);
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(15)..].join("\n    ");
+        if tail.is_empty() {
+            String::new()
+        } else {
+            format!("\n  {} ({}):\n    {tail}", self.name, self.log.display())
+        }
+    }
+
+    fn ensure_running(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("{} exited ({status}){}", self.name, self.log_tail());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct MockUpstream {
+    pub proc: Proc,
+    pub url: String,
+}
+
+/// `mock-upstream --listen 127.0.0.1:0 --delay-ms D`, ready once it prints its address.
+pub fn start_mock_upstream(
+    bins: &Binaries,
+    cpus: Option<&str>,
+    delay_ms: u64,
+    log_dir: &Path,
+) -> anyhow::Result<MockUpstream> {
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--delay-ms",
+        &delay_ms.to_string(),
+    ]
+    .map(String::from);
+    let name = format!("mock-upstream-{delay_ms}ms");
+    let mut proc = Proc::spawn(&name, cpus, &bins.mock_upstream, &args, log_dir, true)?;
+    let addr = proc.wait_listening()?;
+    Ok(MockUpstream {
+        proc,
+        url: format!("http://{addr}"),
+    })
+}
+
+pub struct Gateway {
+    pub proc: Proc,
+    pub url: String,
+}
+
+/// `gateway serve --db DB --listen 127.0.0.1:0 --workers N`, ready once `/healthz` answers 200.
+pub fn start_gateway(
+    bins: &Binaries,
+    cpus: Option<&str>,
+    db: &Path,
+    workers: usize,
+    log_dir: &Path,
+) -> anyhow::Result<Gateway> {
+    let args = vec![
+        "serve".to_owned(),
+        "--db".to_owned(),
+        db.display().to_string(),
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--workers".to_owned(),
+        workers.to_string(),
+    ];
+    let mut proc = Proc::spawn("gateway", cpus, &bins.gateway, &args, log_dir, true)?;
+    let addr = proc.wait_listening()?;
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        proc.ensure_running()?;
+        if healthz_ok(&addr) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "gateway at {addr} did not answer /healthz within {READY_TIMEOUT:?}{}",
+                proc.log_tail()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Gateway {
+        proc,
+        url: format!("http://{addr}"),
+    })
+}
+
+/// One `GET /healthz` over a fresh connection; true on a 200.
+fn healthz_ok(addr: &str) -> bool {
+    let attempt = || -> std::io::Result<bool> {
+        let mut stream = TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        write!(
+            stream,
+            "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut status_line = String::new();
+        BufReader::new(stream).read_line(&mut status_line)?;
+        Ok(status_line.starts_with("HTTP/1.1 200"))
+    };
+    attempt().unwrap_or(false)
+}
+
+/// `gateway init --db DB --demo --upstream URL`; returns the printed `api_key=ak_...`.
+pub fn init_demo_db(bins: &Binaries, db: &Path, upstream_url: &str) -> anyhow::Result<String> {
+    let output = Command::new(&bins.gateway)
+        .arg("init")
+        .arg("--db")
+        .arg(db)
+        .args(["--demo", "--upstream", upstream_url])
+        .output()
+        .context("running gateway init")?;
+    ensure!(
+        output.status.success(),
+        "gateway init --demo failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("api_key="))
+        .filter(|key| key.starts_with("ak_"))
+        .map(str::to_owned)
+        .context("gateway init --demo printed no `api_key=ak_...` line")
+}
+
+/// Runs loadgen pinned to `cpus` with `--quiet`, and fails with its stderr if it fails.
+pub fn run_loadgen(
+    bins: &Binaries,
+    cpus: Option<&str>,
+    args: &[String],
+    timeout: Duration,
+    log_dir: &Path,
+) -> anyhow::Result<()> {
+    let mut args = args.to_vec();
+    args.push("--quiet".to_owned());
+    let mut proc = Proc::spawn("loadgen", cpus, &bins.loadgen, &args, log_dir, false)?;
+    let status = proc.wait_timeout(timeout)?;
+    ensure!(
+        status.success(),
+        "loadgen {} failed ({status}){}",
+        args.join(" "),
+        proc.log_tail()
+    );
+    Ok(())
+}
