@@ -1,0 +1,875 @@
+//! The rebuild: events in, one [`Outcome`] per request out (see `/work/notes/model.md`).
+//!
+//! Choices where the model leaves room, each covered by a test:
+//! - `read_enter` is the enter of the last successful receive on the client fd whose *exit* is
+//!   at or after `t_arrive`, clamped to `t_arrive` (a receive can start just before the data
+//!   lands); none → the `RequestBegin` ts.
+//! - If the first poll runs on another thread than `RequestBegin`, `[RequestBegin, first
+//!   PollEnter)` is `Scheduling` (the task was spawned and waits to be picked up).
+//! - `t_done` is the enter of the first *successful* send on the client fd after the final
+//!   `PollExit(ready=1)` (a send returning an error sent nothing).
+//! - A gap between polls is explained by the phase current at the `PollExit` that began it:
+//!   upstream → `[gap, S)` blocked_other, `[S, A)` upstream, `[A, gap end)` scheduling;
+//!   receipt wait → `[gap, E)` blocked_other, `[E, D)` the writer split, `[D, gap end)`
+//!   scheduling; any other phase → unattributed.
+//! - Off-CPU charges come from every thread-state split of the request (the read before the
+//!   first poll and the response write after the last one as well as the polls).
+//! - One upstream phase per request; a second one makes the request incomplete.
+//! - A request breaks (→ `Incomplete`, emitted at once) on the first inconsistent event:
+//!   duplicate or unmatched poll/phase events, a begin for an id still open, events for an id
+//!   whose begin was never seen (once per id), a loss span over its interval, or no `t_done`
+//!   within [`MAX_OPEN_NS`]. Later events for a finished id are ignored.
+//! - Outcomes are held for [`HOLD_NS`] of event time after they are decided, so a loss
+//!   reported late (the loss counter is polled) still turns the requests it overlaps into
+//!   `Incomplete`. They come out ordered by (decision ts = `t_done` for complete ones, req id).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use tracer_ebpf::abi::{Event, kind, syscall};
+use tracer_ebpf::sites::{Phase, Site};
+
+use super::record::{Hits, Incomplete, Outcome, Part, RequestRecord, StackSample};
+use super::sockets::Sockets;
+use super::threads::{RunState, SchedEv, Threads};
+use super::timeline::{Piece, Timeline};
+use super::writer::WriterLog;
+
+/// How long (event time) an outcome is held back for a late loss report.
+pub const HOLD_NS: u64 = 1_000_000_000;
+/// History kept before the oldest open request.
+pub const MARGIN_NS: u64 = 1_000_000_000;
+/// A request with no `t_done` this long after its begin is given up on.
+pub const MAX_OPEN_NS: u64 = 10_000_000_000;
+const MAINTAIN_EVERY_NS: u64 = 100_000_000;
+/// Finished ids remembered so their late events are ignored.
+const RECENT_IDS: usize = 1 << 17;
+
+#[derive(Clone, Copy, Debug)]
+struct PollSpan {
+    enter: u64,
+    exit: u64,
+    tid: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Upstream {
+    fd: u64,
+    begin: u64,
+    /// S: enter of the first send on the upstream fd after the phase began.
+    send: Option<u64>,
+    /// A: the first data-ready on the upstream socket at or after S.
+    reply: Option<u64>,
+}
+
+/// The request's current phase over time: innermost open phase, else the last one begun,
+/// else parse.
+#[derive(Default, Debug)]
+struct Phases {
+    open: Vec<Phase>,
+    last_begun: Option<Phase>,
+    changes: Vec<(u64, Phase)>,
+}
+
+impl Phases {
+    fn current(&self) -> Phase {
+        self.open
+            .last()
+            .copied()
+            .or(self.last_begun)
+            .unwrap_or(Phase::Parse)
+    }
+
+    fn at(&self, t: u64) -> Phase {
+        let i = self.changes.partition_point(|&(ts, _)| ts <= t);
+        if i == 0 {
+            Phase::Parse
+        } else {
+            self.changes[i - 1].1
+        }
+    }
+
+    fn note(&mut self, ts: u64, before: Phase) {
+        let now = self.current();
+        if now != before {
+            self.changes.push((ts, now));
+        }
+    }
+
+    fn begin(&mut self, ts: u64, phase: Phase) {
+        let before = self.current();
+        self.open.push(phase);
+        self.last_begun = Some(phase);
+        self.note(ts, before);
+    }
+
+    fn end(&mut self, ts: u64, phase: Phase) -> Result<(), &'static str> {
+        let before = self.current();
+        let i = self
+            .open
+            .iter()
+            .rposition(|&p| p == phase)
+            .ok_or("phase end without begin")?;
+        self.open.remove(i);
+        self.note(ts, before);
+        Ok(())
+    }
+}
+
+/// Which `Cpu(phase)` on-CPU time of a split goes to.
+#[derive(Clone, Copy)]
+enum OnCpu<'a> {
+    Fixed(Phase),
+    Phases(&'a Phases),
+}
+
+impl OnCpu<'_> {
+    fn at(self, t: u64) -> Phase {
+        match self {
+            OnCpu::Fixed(p) => p,
+            OnCpu::Phases(p) => p.at(t),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct OpenRequest {
+    req_id: u64,
+    begin_ts: u64,
+    begin_tid: u32,
+    client_fd: u64,
+    t_arrive: u64,
+    read_enter: u64,
+    read_enter_in_context: bool,
+    status: Option<u16>,
+    phases: Phases,
+    polls: Vec<PollSpan>,
+    open_poll: Option<(u64, u32)>,
+    polled_to_completion: bool,
+    upstream: Option<Upstream>,
+    enqueue: Option<u64>,
+    durable: Option<(u64, u32)>,
+    samples: Vec<StackSample>,
+    hits: Hits,
+}
+
+/// Ids of recently finished requests (bounded, oldest forgotten first).
+#[derive(Default)]
+struct RecentIds {
+    order: VecDeque<u64>,
+    set: HashSet<u64>,
+}
+
+impl RecentIds {
+    fn insert(&mut self, id: u64) {
+        if self.set.insert(id) {
+            self.order.push_back(id);
+            if self.order.len() > RECENT_IDS
+                && let Some(old) = self.order.pop_front()
+            {
+                self.set.remove(&old);
+            }
+        }
+    }
+
+    fn contains(&self, id: u64) -> bool {
+        self.set.contains(&id)
+    }
+}
+
+/// Rebuilds requests from the event stream. Feed events in non-decreasing ts with
+/// [`Rebuilder::push`], report loss spans with [`Rebuilder::lost`], and collect outcomes with
+/// [`Rebuilder::drain`] and, at the end, [`Rebuilder::finish`].
+#[derive(Default)]
+pub struct Rebuilder {
+    now: u64,
+    sockets: Sockets,
+    threads: Threads,
+    writer: WriterLog,
+    open: HashMap<u64, OpenRequest>,
+    by_client_fd: HashMap<u64, u64>,
+    by_upstream_fd: HashMap<u64, u64>,
+    /// Per thread, the requests it is polling, innermost last.
+    polling: HashMap<u32, Vec<u64>>,
+    finished: RecentIds,
+    losses: Vec<(u64, u64)>,
+    held: BTreeMap<(u64, u64), Outcome>,
+    next_maintenance: u64,
+}
+
+fn incomplete(req_id: u64, reason: &str) -> Outcome {
+    Outcome::Incomplete(Incomplete {
+        req_id,
+        reason: reason.to_owned(),
+    })
+}
+
+fn overlaps(span: (u64, u64), from: u64, to: u64) -> bool {
+    span.0 <= to && span.1 >= from
+}
+
+impl Rebuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Requests begun and not yet decided.
+    pub fn open_requests(&self) -> usize {
+        self.open.len()
+    }
+
+    pub fn push(&mut self, ev: &Event) {
+        self.now = self.now.max(ev.ts_ns);
+        match ev.kind {
+            kind::SITE => self.site(ev),
+            kind::SYSCALL => self.syscall(ev),
+            kind::SOCK_FD => {
+                self.threads.on_cpu(ev.ts_ns, ev.tid);
+                self.sockets.sock_fd(ev.args[0], ev.args[1]);
+                if let Some(r) = self.polled_by(ev.tid) {
+                    r.hits.sock += 1;
+                }
+            }
+            kind::DATA_READY => self.data_ready(ev),
+            kind::ESTABLISHED => self.sockets.established(ev.args[0]),
+            kind::SWITCH_OUT => self.sched(
+                ev,
+                SchedEv::Out {
+                    preempted: ev.sub == 1,
+                    kernel_stack: ev.args[0] as i64,
+                    user_stack: ev.args[1] as i64,
+                },
+            ),
+            kind::SWITCH_IN => self.sched(ev, SchedEv::In),
+            kind::WAKEUP => self.sched(ev, SchedEv::Wakeup),
+            kind::SAMPLE => self.sample(ev),
+            _ => {}
+        }
+        if self.now >= self.next_maintenance {
+            self.maintain();
+        }
+    }
+
+    /// Events were lost somewhere in `[from_ns, to_ns]`: every request overlapping it is
+    /// incomplete, whether decided already (and still held), open, or yet to begin.
+    pub fn lost(&mut self, from_ns: u64, to_ns: u64) {
+        let span = (from_ns.min(to_ns), from_ns.max(to_ns));
+        self.losses.push(span);
+        for outcome in self.held.values_mut() {
+            if let Outcome::Complete(r) = outcome
+                && overlaps(span, r.t_arrive_ns, r.t_done_ns)
+            {
+                *outcome = incomplete(r.req_id, "events lost");
+            }
+        }
+        let mut hit: Vec<u64> = self
+            .open
+            .values()
+            .filter(|r| r.t_arrive <= span.1)
+            .map(|r| r.req_id)
+            .collect();
+        hit.sort_unstable();
+        for id in hit {
+            self.abandon(id, "events lost");
+        }
+    }
+
+    /// Outcomes decided at least [`HOLD_NS`] ago, in order.
+    pub fn drain(&mut self) -> Vec<Outcome> {
+        let mut out = Vec::new();
+        while let Some(entry) = self.held.first_entry() {
+            if entry.key().0.saturating_add(HOLD_NS) > self.now {
+                break;
+            }
+            out.push(entry.remove());
+        }
+        out
+    }
+
+    /// Every held outcome, then every request still open (incomplete, by id).
+    pub fn finish(&mut self, end_ns: u64) -> Vec<Outcome> {
+        self.now = self.now.max(end_ns);
+        let mut out: Vec<Outcome> = std::mem::take(&mut self.held).into_values().collect();
+        let mut ids: Vec<u64> = self.open.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            self.open.remove(&id);
+            self.finished.insert(id);
+            out.push(incomplete(id, "still open at end"));
+        }
+        self.by_client_fd.clear();
+        self.by_upstream_fd.clear();
+        out
+    }
+
+    fn polled_by(&mut self, tid: u32) -> Option<&mut OpenRequest> {
+        let id = *self.polling.get(&tid)?.last()?;
+        self.open.get_mut(&id)
+    }
+
+    fn decide(&mut self, key_ts: u64, outcome: Outcome) {
+        let id = match &outcome {
+            Outcome::Complete(r) => r.req_id,
+            Outcome::Incomplete(i) => i.req_id,
+        };
+        self.held.insert((key_ts, id), outcome);
+    }
+
+    fn forget(&mut self, req: &OpenRequest) {
+        self.finished.insert(req.req_id);
+        if self.by_client_fd.get(&req.client_fd) == Some(&req.req_id) {
+            self.by_client_fd.remove(&req.client_fd);
+        }
+        if let Some(up) = req.upstream
+            && self.by_upstream_fd.get(&up.fd) == Some(&req.req_id)
+        {
+            self.by_upstream_fd.remove(&up.fd);
+        }
+    }
+
+    fn abandon(&mut self, id: u64, reason: &str) {
+        if let Some(req) = self.open.remove(&id) {
+            self.forget(&req);
+            self.decide(self.now, incomplete(id, reason));
+        }
+    }
+
+    /// The open request `id`, or None. An id never begun is reported once as incomplete.
+    fn request(&mut self, id: u64) -> Option<&mut OpenRequest> {
+        if !self.open.contains_key(&id) {
+            if !self.finished.contains(id) {
+                self.finished.insert(id);
+                self.decide(self.now, incomplete(id, "request begin not seen"));
+            }
+            return None;
+        }
+        let req = self.open.get_mut(&id)?;
+        req.hits.sites += 1;
+        Some(req)
+    }
+
+    fn site(&mut self, ev: &Event) {
+        self.threads.on_cpu(ev.ts_ns, ev.tid);
+        let Some(site) = Site::from_id(ev.sub) else {
+            return;
+        };
+        let [a0, a1, a2] = ev.args;
+        let (ts, tid) = (ev.ts_ns, ev.tid);
+        match site {
+            Site::RequestBegin => self.request_begin(ts, tid, a0, a1),
+            Site::RequestEnd => {
+                if let Some(r) = self.request(a0) {
+                    r.status = Some(u16::try_from(a1).unwrap_or(u16::MAX));
+                }
+            }
+            Site::PhaseBegin | Site::PhaseEnd => {
+                let begin = site == Site::PhaseBegin;
+                let Some(r) = self.request(a0) else { return };
+                let result = match Phase::from_id(a1) {
+                    None => Err("unknown phase id"),
+                    Some(Phase::Upstream) if begin && r.upstream.is_some() => {
+                        Err("second upstream phase")
+                    }
+                    Some(phase) if begin => {
+                        r.phases.begin(ts, phase);
+                        if phase == Phase::Upstream {
+                            r.upstream = Some(Upstream {
+                                fd: a2,
+                                begin: ts,
+                                send: None,
+                                reply: None,
+                            });
+                            self.by_upstream_fd.insert(a2, a0);
+                        }
+                        Ok(())
+                    }
+                    Some(phase) => r.phases.end(ts, phase),
+                };
+                if let Err(reason) = result {
+                    self.abandon(a0, reason);
+                }
+            }
+            Site::PollEnter => {
+                self.polling.entry(tid).or_default().push(a0);
+                let Some(r) = self.request(a0) else { return };
+                let result = if r.open_poll.is_some() {
+                    Err("poll enter inside a poll")
+                } else if r.polled_to_completion {
+                    Err("poll after completion")
+                } else {
+                    r.open_poll = Some((ts, tid));
+                    Ok(())
+                };
+                if let Err(reason) = result {
+                    self.abandon(a0, reason);
+                }
+            }
+            Site::PollExit => {
+                if let Some(stack) = self.polling.get_mut(&tid)
+                    && let Some(i) = stack.iter().rposition(|&id| id == a0)
+                {
+                    stack.remove(i);
+                }
+                let Some(r) = self.request(a0) else { return };
+                match r.open_poll.take() {
+                    Some((enter, t)) if t == tid => {
+                        r.polls.push(PollSpan {
+                            enter,
+                            exit: ts,
+                            tid,
+                        });
+                        r.polled_to_completion = a1 == 1;
+                    }
+                    _ => self.abandon(a0, "poll exit without matching enter"),
+                }
+            }
+            Site::LedgerEnqueue => {
+                let Some(r) = self.request(a0) else { return };
+                if r.enqueue.replace(ts).is_some() {
+                    self.abandon(a0, "duplicate ledger enqueue");
+                }
+            }
+            Site::ReceiptDurable => {
+                let batch = self.writer.batch(tid);
+                let Some(r) = self.request(a0) else { return };
+                if r.durable.replace((ts, tid)).is_some() {
+                    self.abandon(a0, "duplicate receipt durable");
+                    return;
+                }
+                r.hits.sites += batch.sites;
+                r.hits.syscalls += batch.syscalls;
+                r.hits.sched += batch.sched;
+            }
+            Site::BatchBegin => self.writer.batch_begin(tid),
+            Site::SignBegin | Site::SignEnd | Site::CommitBegin | Site::CommitEnd => {
+                match site {
+                    Site::SignBegin => self.writer.sign_begin(ts, tid),
+                    Site::SignEnd => self.writer.sign_end(ts, tid),
+                    _ => {}
+                }
+                if let Some(b) = self.writer.batch_mut(tid) {
+                    b.sites += 1;
+                }
+            }
+        }
+    }
+
+    fn request_begin(&mut self, ts: u64, tid: u32, id: u64, fd: u64) {
+        if self.open.contains_key(&id) {
+            self.abandon(id, "duplicate request begin");
+            return;
+        }
+        if self.finished.contains(id) {
+            return;
+        }
+        if let Some(&old) = self.by_client_fd.get(&fd) {
+            self.abandon(old, "response send not seen");
+        }
+        let arrival = self.sockets.pending_arrival(fd).and_then(|t| {
+            if t > ts {
+                Err("arrival not seen")
+            } else if self.losses.iter().any(|&span| overlaps(span, t, ts)) {
+                Err("events lost")
+            } else {
+                Ok(t)
+            }
+        });
+        let t_arrive = match arrival {
+            Ok(t) => t,
+            Err(reason) => {
+                self.finished.insert(id);
+                self.decide(ts, incomplete(id, reason));
+                return;
+            }
+        };
+        // The arrival's data-ready, and the receive that read it, belong to the request.
+        let mut hits = Hits {
+            sites: 1,
+            sock: 1,
+            ..Hits::default()
+        };
+        let (read_enter, read_enter_in_context) = match self.sockets.last_recv(fd) {
+            Some((enter, exit)) if exit >= t_arrive && exit <= ts => {
+                hits.syscalls += 1;
+                (enter.max(t_arrive), enter >= t_arrive)
+            }
+            _ => (ts, true),
+        };
+        self.by_client_fd.insert(fd, id);
+        self.open.insert(
+            id,
+            OpenRequest {
+                req_id: id,
+                begin_ts: ts,
+                begin_tid: tid,
+                client_fd: fd,
+                t_arrive,
+                read_enter,
+                read_enter_in_context,
+                status: None,
+                phases: Phases::default(),
+                polls: Vec::new(),
+                open_poll: None,
+                polled_to_completion: false,
+                upstream: None,
+                enqueue: None,
+                durable: None,
+                samples: Vec::new(),
+                hits,
+            },
+        );
+    }
+
+    /// The request an fd event belongs to: the one polled on `tid`, else the one whose client
+    /// or upstream connection `fd` is.
+    fn owner_of(&self, tid: u32, fd: Option<u64>) -> Option<u64> {
+        let polled = self
+            .polling
+            .get(&tid)
+            .and_then(|s| s.last())
+            .filter(|id| self.open.contains_key(id));
+        polled.copied().or_else(|| {
+            let fd = fd?;
+            self.by_client_fd
+                .get(&fd)
+                .or_else(|| self.by_upstream_fd.get(&fd))
+                .copied()
+        })
+    }
+
+    fn syscall(&mut self, ev: &Event) {
+        self.threads.on_cpu(ev.ts_ns, ev.tid);
+        let [enter, fd, ret] = ev.args;
+        let ok = (ret as i64) > 0;
+        if let Some(id) = self.owner_of(ev.tid, Some(fd)) {
+            if let Some(r) = self.open.get_mut(&id) {
+                r.hits.syscalls += 1;
+            }
+        } else if let Some(b) = self.writer.batch_mut(ev.tid) {
+            b.syscalls += 1;
+        }
+        match ev.sub {
+            syscall::ACCEPT if (ret as i64) >= 0 => self.sockets.accepted(ret),
+            s if syscall::is_receive(s) && ok => self.sockets.received(fd, enter, ev.ts_ns),
+            s if syscall::is_send(s) && ok => {
+                self.upstream_sent(fd, enter);
+                self.client_sent(fd, enter);
+                self.sockets.sent(fd, enter);
+            }
+            s if syscall::is_sync(s) => self.writer.sync(enter, ev.ts_ns, ev.tid),
+            _ => {}
+        }
+    }
+
+    fn upstream_sent(&mut self, fd: u64, enter: u64) {
+        let Some(&id) = self.by_upstream_fd.get(&fd) else {
+            return;
+        };
+        let sk = self.sockets.sk_of(fd);
+        let Some(r) = self.open.get_mut(&id) else {
+            return;
+        };
+        let Some(up) = r.upstream.as_mut() else {
+            return;
+        };
+        if up.send.is_some() || enter < up.begin {
+            return;
+        }
+        up.send = Some(enter);
+        let Some(sk) = sk else {
+            self.abandon(id, "upstream socket unknown");
+            return;
+        };
+        // The reply may already be here: events are ordered by exit, the send's is late.
+        match self.sockets.first_ready(sk, enter) {
+            Ok(reply) => up.reply = reply,
+            Err(reason) => self.abandon(id, reason),
+        }
+    }
+
+    fn client_sent(&mut self, fd: u64, enter: u64) {
+        let Some(&id) = self.by_client_fd.get(&fd) else {
+            return;
+        };
+        let Some(r) = self.open.get(&id) else { return };
+        let Some(last) = r.polls.last() else { return };
+        if !r.polled_to_completion || enter < last.exit {
+            return;
+        }
+        let Some(req) = self.open.remove(&id) else {
+            return;
+        };
+        self.forget(&req);
+        let outcome = match self.complete(&req, enter) {
+            Ok(record) => Outcome::Complete(record),
+            Err(reason) => incomplete(id, reason),
+        };
+        self.decide(enter, outcome);
+    }
+
+    fn data_ready(&mut self, ev: &Event) {
+        let sk = ev.args[0];
+        self.sockets.data_ready(ev.ts_ns, sk);
+        let Some(fd) = self.sockets.fd_of(sk) else {
+            return;
+        };
+        if let Some(&id) = self.by_upstream_fd.get(&fd)
+            && let Some(up) = self.open.get_mut(&id).and_then(|r| r.upstream.as_mut())
+            && up.fd == fd
+            && up.reply.is_none()
+            && up.send.is_some_and(|s| ev.ts_ns >= s)
+        {
+            up.reply = Some(ev.ts_ns);
+        }
+        let owner = self
+            .by_client_fd
+            .get(&fd)
+            .or_else(|| self.by_upstream_fd.get(&fd));
+        if let Some(r) = owner.copied().and_then(|id| self.open.get_mut(&id)) {
+            r.hits.sock += 1;
+        }
+    }
+
+    fn sched(&mut self, ev: &Event, sched: SchedEv) {
+        self.threads.sched(ev.ts_ns, ev.tid, sched);
+        if let Some(r) = self.polled_by(ev.tid) {
+            r.hits.sched += 1;
+        } else if let Some(b) = self.writer.batch_mut(ev.tid) {
+            b.sched += 1;
+        }
+    }
+
+    fn sample(&mut self, ev: &Event) {
+        self.threads.on_cpu(ev.ts_ns, ev.tid);
+        let (ts_ns, tid) = (ev.ts_ns, ev.tid);
+        if let Some(r) = self.polled_by(tid) {
+            r.hits.samples += 1;
+            let phase = Some(r.phases.current());
+            r.samples.push(StackSample {
+                ts_ns,
+                tid,
+                kernel_stack: ev.args[0] as i64,
+                user_stack: ev.args[1] as i64,
+                phase,
+            });
+        }
+    }
+
+    fn maintain(&mut self) {
+        self.next_maintenance = self.now + MAINTAIN_EVERY_NS;
+        let mut expired: Vec<u64> = self
+            .open
+            .values()
+            .filter(|r| r.begin_ts.saturating_add(MAX_OPEN_NS) < self.now)
+            .map(|r| r.req_id)
+            .collect();
+        expired.sort_unstable();
+        for id in expired {
+            self.abandon(id, "no response within the open-request limit");
+        }
+        let oldest = self
+            .open
+            .values()
+            .map(|r| r.t_arrive)
+            .min()
+            .unwrap_or(self.now);
+        let horizon = oldest.min(self.now).saturating_sub(MARGIN_NS);
+        self.sockets.prune(horizon);
+        self.threads.prune(horizon);
+        self.writer.prune(horizon);
+        self.losses.retain(|&(_, to)| to >= horizon);
+        self.polling.retain(|_, s| !s.is_empty());
+    }
+
+    /// Build the record of a request whose `t_done` is known.
+    fn complete(&self, req: &OpenRequest, t_done: u64) -> Result<RequestRecord, &'static str> {
+        let t_arrive = req.t_arrive;
+        if self.losses.iter().any(|&s| overlaps(s, t_arrive, t_done)) {
+            return Err("events lost");
+        }
+        let status = req.status.ok_or("request end not seen")?;
+        let (first, last) = match (req.polls.first(), req.polls.last()) {
+            (Some(f), Some(l)) => (*f, *l),
+            _ => return Err("no poll seen"),
+        };
+        let in_order = t_arrive <= req.read_enter
+            && req.read_enter <= req.begin_ts
+            && req.begin_ts <= first.enter
+            && last.exit <= t_done;
+        if !in_order {
+            return Err("events out of order");
+        }
+
+        let mut tl = Timeline::default();
+        tl.push(Piece::new(t_arrive, req.read_enter, Part::Scheduling, 0));
+        let parse = OnCpu::Fixed(Phase::Parse);
+        if first.tid == req.begin_tid {
+            self.split(
+                &mut tl,
+                req.begin_tid,
+                req.read_enter,
+                first.enter,
+                req.read_enter_in_context,
+                parse,
+            )?;
+        } else {
+            self.split(
+                &mut tl,
+                req.begin_tid,
+                req.read_enter,
+                req.begin_ts,
+                req.read_enter_in_context,
+                parse,
+            )?;
+            tl.push(Piece::new(req.begin_ts, first.enter, Part::Scheduling, 0));
+        }
+        for (i, poll) in req.polls.iter().enumerate() {
+            if i > 0 {
+                let prev = req.polls[i - 1];
+                self.gap(&mut tl, req, prev.exit, poll.enter)?;
+            }
+            self.split(
+                &mut tl,
+                poll.tid,
+                poll.enter,
+                poll.exit,
+                true,
+                OnCpu::Phases(&req.phases),
+            )?;
+        }
+        self.split(
+            &mut tl,
+            last.tid,
+            last.exit,
+            t_done,
+            true,
+            OnCpu::Fixed(Phase::Respond),
+        )?;
+        if let Some(up) = req.upstream {
+            let (s, a) = match (up.send, up.reply) {
+                (Some(s), Some(a)) => (s, a),
+                (None, _) => return Err("upstream send not seen"),
+                (_, None) => return Err("upstream response arrival not seen"),
+            };
+            tl.overlay(s.max(t_arrive), a.min(t_done), Part::Upstream, 0);
+        }
+        let built = tl.build(t_arrive, t_done)?;
+        Ok(RequestRecord {
+            req_id: req.req_id,
+            status,
+            t_arrive_ns: t_arrive,
+            t_done_ns: t_done,
+            parts: built.parts,
+            slices: built.slices,
+            samples: req.samples.clone(),
+            offcpu: built.offcpu,
+            hits: req.hits,
+        })
+    }
+
+    /// Thread-state split of `[a, b)` on `tid`; on-CPU time goes to `Cpu(phase)`.
+    fn split(
+        &self,
+        tl: &mut Timeline,
+        tid: u32,
+        a: u64,
+        b: u64,
+        a_in_context: bool,
+        on_cpu: OnCpu<'_>,
+    ) -> Result<(), &'static str> {
+        for seg in self.threads.split(tid, a, b, a_in_context)? {
+            let off = seg.stacks.map(|(k, u)| (tid, k, u));
+            match seg.state {
+                RunState::OnCpu => self.cpu_pieces(tl, tid, seg.start, seg.end, on_cpu),
+                RunState::Preempted | RunState::Runnable => tl.push(Piece {
+                    off,
+                    ..Piece::new(seg.start, seg.end, Part::Scheduling, tid)
+                }),
+                RunState::Blocked => tl.push(Piece {
+                    off,
+                    ..Piece::new(seg.start, seg.end, Part::BlockedOther, tid)
+                }),
+            }
+        }
+        Ok(())
+    }
+
+    /// On-CPU `[a, b)`, cut at the request's phase changes inside it.
+    fn cpu_pieces(&self, tl: &mut Timeline, tid: u32, a: u64, b: u64, on_cpu: OnCpu<'_>) {
+        let mut start = a;
+        let mut phase = on_cpu.at(a);
+        if let OnCpu::Phases(phases) = on_cpu {
+            let from = phases.changes.partition_point(|&(ts, _)| ts <= a);
+            for &(ts, next) in &phases.changes[from..] {
+                if ts >= b {
+                    break;
+                }
+                tl.push(Piece::new(start, ts, Part::Cpu(phase), tid));
+                start = ts;
+                phase = next;
+            }
+        }
+        tl.push(Piece::new(start, b, Part::Cpu(phase), tid));
+    }
+
+    /// A gap between two polls: explained by what the request was waiting on.
+    fn gap(
+        &self,
+        tl: &mut Timeline,
+        req: &OpenRequest,
+        gs: u64,
+        ge: u64,
+    ) -> Result<(), &'static str> {
+        let clamp = |t: u64| t.clamp(gs, ge);
+        match req.phases.at(gs) {
+            Phase::Upstream => {
+                let up = req.upstream.ok_or("upstream phase without fd")?;
+                let s = up.send.ok_or("upstream send not seen")?;
+                let a = up.reply.ok_or("upstream response arrival not seen")?;
+                tl.push(Piece::new(gs, clamp(s), Part::BlockedOther, 0));
+                tl.push(Piece::new(clamp(s), clamp(a), Part::Upstream, 0));
+                tl.push(Piece::new(clamp(a), ge, Part::Scheduling, 0));
+            }
+            Phase::ReceiptWait => {
+                let e = req.enqueue.ok_or("ledger enqueue not seen")?;
+                let (d, w) = req.durable.ok_or("receipt durable not seen")?;
+                if e > d {
+                    return Err("receipt durable before enqueue");
+                }
+                tl.push(Piece::new(gs, clamp(e), Part::BlockedOther, 0));
+                for p in self.writer.split(w, clamp(e), clamp(d)) {
+                    match p.part {
+                        Part::LedgerFsync => self.fsync_pieces(tl, p.tid, p.start, p.end),
+                        Part::Signing => tl.push(Piece {
+                            off: Some((p.tid, -1, -1)),
+                            ..Piece::new(p.start, p.end, p.part, p.tid)
+                        }),
+                        _ => tl.push(Piece::new(p.start, p.end, p.part, p.tid)),
+                    }
+                }
+                tl.push(Piece::new(clamp(d), ge, Part::Scheduling, 0));
+            }
+            _ => tl.push(Piece::new(gs, ge, Part::Unattributed, 0)),
+        }
+        Ok(())
+    }
+
+    /// Fsync time charged to a waiting request, with the writer's switch-outs inside it as
+    /// off-CPU charges.
+    fn fsync_pieces(&self, tl: &mut Timeline, tid: u32, a: u64, b: u64) {
+        match self.threads.split(tid, a, b, false) {
+            Ok(segs) => {
+                for seg in segs {
+                    let off = match seg.state {
+                        RunState::OnCpu => None,
+                        _ => seg.stacks.map(|(k, u)| (tid, k, u)),
+                    };
+                    tl.push(Piece {
+                        off,
+                        ..Piece::new(seg.start, seg.end, Part::LedgerFsync, tid)
+                    });
+                }
+            }
+            Err(_) => tl.push(Piece::new(a, b, Part::LedgerFsync, tid)),
+        }
+    }
+}

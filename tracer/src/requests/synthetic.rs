@@ -1,0 +1,217 @@
+//! Synthetic event streams for tests: each call adds the events one kernel hook would emit,
+//! so a test reads like the timeline it describes. [`Stream::events`] sorts them by ts
+//! (stably: equal stamps keep the order they were written in), as the reader would.
+
+use tracer_ebpf::abi::{Event, kind, syscall};
+use tracer_ebpf::sites::{Phase, Site};
+
+use super::{Outcome, Rebuilder};
+
+#[derive(Clone, Debug, Default)]
+pub struct Stream {
+    events: Vec<Event>,
+}
+
+impl Stream {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn raw(&mut self, ev: Event) -> &mut Self {
+        self.events.push(ev);
+        self
+    }
+
+    fn ev(&mut self, ts_ns: u64, tid: u32, kind: u16, sub: u16, args: [u64; 3]) -> &mut Self {
+        self.raw(Event {
+            ts_ns,
+            tid,
+            kind,
+            sub,
+            args,
+        })
+    }
+
+    pub fn site(&mut self, ts: u64, tid: u32, site: Site, args: [u64; 3]) -> &mut Self {
+        self.ev(ts, tid, kind::SITE, site as u16, args)
+    }
+
+    pub fn request_begin(&mut self, ts: u64, tid: u32, req: u64, client_fd: u64) -> &mut Self {
+        self.site(ts, tid, Site::RequestBegin, [req, client_fd, 0])
+    }
+
+    pub fn request_end(&mut self, ts: u64, tid: u32, req: u64, status: u16) -> &mut Self {
+        self.site(ts, tid, Site::RequestEnd, [req, u64::from(status), 0])
+    }
+
+    pub fn phase_begin(&mut self, ts: u64, tid: u32, req: u64, phase: Phase) -> &mut Self {
+        self.site(ts, tid, Site::PhaseBegin, [req, phase as u64, 0])
+    }
+
+    pub fn upstream_begin(&mut self, ts: u64, tid: u32, req: u64, upstream_fd: u64) -> &mut Self {
+        self.site(
+            ts,
+            tid,
+            Site::PhaseBegin,
+            [req, Phase::Upstream as u64, upstream_fd],
+        )
+    }
+
+    pub fn phase_end(&mut self, ts: u64, tid: u32, req: u64, phase: Phase) -> &mut Self {
+        self.site(ts, tid, Site::PhaseEnd, [req, phase as u64, 0])
+    }
+
+    pub fn poll_enter(&mut self, ts: u64, tid: u32, req: u64) -> &mut Self {
+        self.site(ts, tid, Site::PollEnter, [req, 0, 0])
+    }
+
+    pub fn poll_exit(&mut self, ts: u64, tid: u32, req: u64, ready: bool) -> &mut Self {
+        self.site(ts, tid, Site::PollExit, [req, u64::from(ready), 0])
+    }
+
+    pub fn ledger_enqueue(&mut self, ts: u64, tid: u32, req: u64) -> &mut Self {
+        self.site(ts, tid, Site::LedgerEnqueue, [req, 0, 0])
+    }
+
+    pub fn batch_begin(&mut self, ts: u64, tid: u32, batch: u64, count: u64) -> &mut Self {
+        self.site(ts, tid, Site::BatchBegin, [batch, count, 0])
+    }
+
+    pub fn sign(&mut self, begin: u64, end: u64, tid: u32, batch: u64, seq: u64) -> &mut Self {
+        self.site(begin, tid, Site::SignBegin, [batch, seq, 0])
+            .site(end, tid, Site::SignEnd, [batch, seq, 0])
+    }
+
+    pub fn commit(&mut self, begin: u64, end: u64, tid: u32, batch: u64) -> &mut Self {
+        self.site(begin, tid, Site::CommitBegin, [batch, 0, 0])
+            .site(end, tid, Site::CommitEnd, [batch, 0, 0])
+    }
+
+    pub fn receipt_durable(&mut self, ts: u64, tid: u32, req: u64, seq: u64) -> &mut Self {
+        self.site(ts, tid, Site::ReceiptDurable, [req, seq, 0])
+    }
+
+    /// A traced syscall `[enter, exit]`; the event is stamped at the exit.
+    pub fn syscall(
+        &mut self,
+        enter: u64,
+        exit: u64,
+        tid: u32,
+        sub: u16,
+        fd: u64,
+        ret: i64,
+    ) -> &mut Self {
+        self.ev(exit, tid, kind::SYSCALL, sub, [enter, fd, ret as u64])
+    }
+
+    pub fn recv(&mut self, enter: u64, exit: u64, tid: u32, fd: u64, bytes: i64) -> &mut Self {
+        self.syscall(enter, exit, tid, syscall::READ, fd, bytes)
+    }
+
+    pub fn send(&mut self, enter: u64, exit: u64, tid: u32, fd: u64, bytes: i64) -> &mut Self {
+        self.syscall(enter, exit, tid, syscall::WRITEV, fd, bytes)
+    }
+
+    pub fn accept(
+        &mut self,
+        enter: u64,
+        exit: u64,
+        tid: u32,
+        listen_fd: u64,
+        new_fd: u64,
+    ) -> &mut Self {
+        self.syscall(enter, exit, tid, syscall::ACCEPT, listen_fd, new_fd as i64)
+    }
+
+    pub fn fdatasync(&mut self, enter: u64, exit: u64, tid: u32, fd: u64) -> &mut Self {
+        self.syscall(enter, exit, tid, syscall::FDATASYNC, fd, 0)
+    }
+
+    pub fn sock_fd(&mut self, ts: u64, tid: u32, sk: u64, fd: u64) -> &mut Self {
+        self.ev(ts, tid, kind::SOCK_FD, 0, [sk, fd, 0])
+    }
+
+    pub fn data_ready(&mut self, ts: u64, sk: u64) -> &mut Self {
+        self.ev(ts, 0, kind::DATA_READY, 0, [sk, 0, 0])
+    }
+
+    pub fn established(&mut self, ts: u64, sk: u64, port: u64) -> &mut Self {
+        self.ev(ts, 0, kind::ESTABLISHED, 0, [sk, port, 0])
+    }
+
+    /// Switched out, with stack ids `[kernel, user]` = `[tid, tid + 1]` so tests can tell them apart.
+    pub fn switch_out(&mut self, ts: u64, tid: u32, preempted: bool) -> &mut Self {
+        let stacks = [u64::from(tid), u64::from(tid) + 1, 0];
+        self.ev(ts, tid, kind::SWITCH_OUT, u16::from(preempted), stacks)
+    }
+
+    pub fn switch_in(&mut self, ts: u64, tid: u32) -> &mut Self {
+        self.ev(ts, tid, kind::SWITCH_IN, 0, [0; 3])
+    }
+
+    pub fn wakeup(&mut self, ts: u64, tid: u32) -> &mut Self {
+        self.ev(ts, tid, kind::WAKEUP, 0, [0; 3])
+    }
+
+    pub fn sample(&mut self, ts: u64, tid: u32) -> &mut Self {
+        self.ev(ts, tid, kind::SAMPLE, 0, [7, 8, 0])
+    }
+
+    /// The events in ts order.
+    pub fn events(&self) -> Vec<Event> {
+        let mut events = self.events.clone();
+        events.sort_by_key(|e| e.ts_ns);
+        events
+    }
+
+    /// Feed everything to a fresh [`Rebuilder`], then finish at the last event.
+    pub fn rebuild(&self) -> Vec<Outcome> {
+        let events = self.events();
+        let mut rebuilder = Rebuilder::new();
+        let mut out = Vec::new();
+        for ev in &events {
+            rebuilder.push(ev);
+            out.extend(rebuilder.drain());
+        }
+        let end = events.last().map_or(0, |e| e.ts_ns);
+        out.extend(rebuilder.finish(end));
+        out
+    }
+}
+
+/// Panics unless `record`'s slices cover `[t_arrive, t_done)` without gaps or overlaps, in
+/// order, and its parts are exactly the per-part sums of its slices and add up to the total.
+pub fn assert_consistent(record: &super::RequestRecord) {
+    let mut at = record.t_arrive_ns;
+    let mut sums = [0u64; super::PARTS];
+    for s in &record.slices {
+        assert_eq!(
+            s.start_ns, at,
+            "request {}: gap or overlap at {at}",
+            record.req_id
+        );
+        assert!(
+            s.end_ns > s.start_ns,
+            "request {}: empty slice {s:?}",
+            record.req_id
+        );
+        sums[s.part.index()] += s.end_ns - s.start_ns;
+        at = s.end_ns;
+    }
+    assert_eq!(
+        at, record.t_done_ns,
+        "request {}: slices end before t_done",
+        record.req_id
+    );
+    assert_eq!(
+        sums, record.parts,
+        "request {}: parts differ from slices",
+        record.req_id
+    );
+    assert_eq!(
+        record.parts.iter().sum::<u64>(),
+        record.total_ns(),
+        "request {}: parts != total",
+        record.req_id
+    );
+}
