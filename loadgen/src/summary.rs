@@ -49,6 +49,10 @@ pub struct Summary {
     pub latency_from: &'static str,
     /// 2xx responses of the measured window, in µs.
     pub latency_us: Percentiles,
+    /// Open loop: how late loadgen sent each request of the window after its scheduled time
+    /// (its own dispatch delay, plus waiting for a free connection), in µs. Already inside
+    /// `latency_us`; large values mean the load generator, not the server, was the bottleneck.
+    pub send_lag_us: Option<Percentiles>,
     /// p50 of the window's first and last thirds, in µs: a drift check.
     pub p50_first_third_us: Option<f64>,
     pub p50_last_third_us: Option<f64>,
@@ -98,6 +102,12 @@ impl Summary {
             "  {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
             l.p50, l.p90, l.p99, l.p999, l.max, l.mean
         );
+        if let Some(lag) = &self.send_lag_us {
+            println!(
+                "  send lag after the scheduled time, µs: p50 {:.1}  p99 {:.1}  max {:.1}",
+                lag.p50, lag.p99, lag.max
+            );
+        }
         if let (Some(first), Some(last)) = (self.p50_first_third_us, self.p50_last_third_us) {
             println!("  p50 first third {first:.1} µs, last third {last:.1} µs");
         }
@@ -137,10 +147,12 @@ pub fn summarize(output: &RunOutput, url: &str, direct: bool, warmup_s: f64) -> 
     let measured: Vec<&Record> = output.records.iter().filter(|r| !r.warmup).collect();
     let mut errors = BTreeMap::new();
     let mut all = histogram();
+    let mut send_lag = histogram();
     let (mut first_third, mut last_third) = (histogram(), histogram());
     let third_ns = output.window_ns / 3;
     let mut last_ok_ns = None;
     for record in &measured {
+        send_lag.saturating_record(record.sent_ns.saturating_sub(record.scheduled_ns));
         match record.outcome.error_key() {
             Some(kind) => *errors.entry(kind).or_insert(0) += 1,
             None => {
@@ -191,6 +203,7 @@ pub fn summarize(output: &RunOutput, url: &str, direct: bool, warmup_s: f64) -> 
         errors,
         latency_from,
         latency_us: percentiles(&all),
+        send_lag_us: matches!(output.load, Load::Open { .. }).then(|| percentiles(&send_lag)),
         p50_first_third_us: p50(&first_third),
         p50_last_third_us: p50(&last_third),
     }

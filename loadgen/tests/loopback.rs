@@ -48,6 +48,8 @@ fn open_loop_achieves_the_target_rate_and_logs_every_request() {
     assert_eq!(summary["sent"], 3500);
     assert_eq!(summary["ok"], 3000);
     assert_eq!(summary["latency_from"], "scheduled");
+    let lag_p50 = summary["send_lag_us"]["p50"].as_f64().unwrap();
+    assert!(lag_p50 >= 0.0 && lag_p50 <= summary["latency_us"]["p50"].as_f64().unwrap());
 
     let rows = read_csv(&csv);
     assert_eq!(
@@ -104,6 +106,10 @@ fn closed_loop_logs_one_row_per_request_sent() {
             .all(|r| r.scheduled_ns == r.sent_ns && r.status == 200)
     );
     assert_eq!(summary["latency_from"], "sent");
+    assert!(
+        summary["send_lag_us"].is_null(),
+        "no schedule in closed loop"
+    );
 }
 
 #[test]

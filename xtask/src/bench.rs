@@ -92,6 +92,8 @@ struct Side {
     max_us: f64,
     p50_first_third_us: Option<f64>,
     p50_last_third_us: Option<f64>,
+    /// Open loop: p99 of how late loadgen sent requests after their scheduled time.
+    send_lag_p99_us: Option<f64>,
 }
 
 impl Side {
@@ -117,6 +119,7 @@ impl Side {
             max_us: number(&latency["max"])?,
             p50_first_third_us: json["p50_first_third_us"].as_f64(),
             p50_last_third_us: json["p50_last_third_us"].as_f64(),
+            send_lag_p99_us: json["send_lag_us"]["p99"].as_f64(),
         })
     }
 
@@ -634,12 +637,12 @@ fn markdown(results: &Results) -> String {
             row.gate
         );
     }
-    md += "\n### Direct baseline and steady state\n\n| mode | delay | load | direct achieved req/s | direct errors | direct p50 | direct p99 | direct p99.9 | gateway p50 first third | gateway p50 last third | receipts start → end | WAL bytes after |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    md += "\n### Direct baseline and steady state\n\n| mode | delay | load | direct achieved req/s | direct errors | direct p50 | direct p99 | direct p99.9 | loadgen send lag p99 gateway / direct | gateway p50 first third | gateway p50 last third | receipts start → end | WAL bytes after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for row in &r.rows {
         let d = &row.direct;
         let third = |v: Option<f64>| v.map_or_else(|| "—".to_owned(), |v| format!("{v:.0}"));
         md += &format!(
-            "| {} | {} ms | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} → {} | {} |\n",
+            "| {} | {} ms | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} / {} | {} | {} | {} → {} | {} |\n",
             row.mode,
             row.delay_ms,
             row.load,
@@ -648,6 +651,8 @@ fn markdown(results: &Results) -> String {
             d.p50_us,
             d.p99_us,
             d.p999_us,
+            third(row.gateway.send_lag_p99_us),
+            third(d.send_lag_p99_us),
             third(row.gateway.p50_first_third_us),
             third(row.gateway.p50_last_third_us),
             row.receipts_at_start,
@@ -742,7 +747,25 @@ fn reading(r: &Results) -> String {
     );
     md += "- Added latency is a difference of percentiles of two runs (gateway, then direct), not a percentile of per-request differences; run-to-run noise on a shared 2-core VM enters it directly, and it can come out negative.\n";
     md += "- Closed-loop rows at c16 and c64 saturate the gateway: their latency is mostly queueing behind other requests, so their added latency measures capacity, not per-request overhead. The gate is meant for the open-loop rows at 25% of max.\n";
-    md += "- loadgen and mock-upstream share one CPU, so at high rates the baseline itself is slowed by the load generator; the direct columns show how much.\n";
+    md += &format!(
+        "- loadgen and mock-upstream share one CPU. How late loadgen itself sent open-loop requests after their scheduled time (p99, gateway / direct): {}. That lag is inside both latencies and mostly cancels in the difference; where it is large, the load side, not the gateway, limited the row.\n",
+        open.iter()
+            .map(|row| {
+                let lag = |side: &Side| {
+                    side.send_lag_p99_us
+                        .map_or_else(|| "—".to_owned(), |v| format!("{v:.0}"))
+                };
+                format!(
+                    "{} ms {}: {} / {} µs",
+                    row.delay_ms,
+                    row.load,
+                    lag(&row.gateway),
+                    lag(&row.direct)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     md += "- This is the client-side view: it says how much the gateway adds, not where inside the gateway the time goes. That is the tracer's job (`cargo xtask profile`).\n";
     md
 }
