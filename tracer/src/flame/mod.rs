@@ -303,6 +303,40 @@ impl FlameSession {
     }
 }
 
+/// Everything `tracer record` needs for the pictures, in three calls: [`Pictures::start`] when
+/// attaching (snapshots the target's maps and thread names while it surely runs),
+/// [`Pictures::push`] for each complete request, [`Pictures::finish`] after the last one.
+pub struct Pictures {
+    session: FlameSession,
+    symbolizer: Symbolizer,
+    threads: ThreadNames,
+    pid: u32,
+}
+
+impl Pictures {
+    pub fn start(pid: u32, out_dir: &Path) -> Result<Self> {
+        Ok(Pictures {
+            session: FlameSession::create(out_dir)?,
+            symbolizer: Symbolizer::for_process(pid)
+                .context("snapshotting the target's mappings")?,
+            threads: timeline::read_thread_names(pid),
+            pid,
+        })
+    }
+
+    pub fn push(&mut self, record: &RequestRecord) -> Result<()> {
+        self.session.push(record)
+    }
+
+    /// Draws every picture. `stacks` is the session's stack-trace map (it outlives detach).
+    pub fn finish(mut self, bands: &Bands, stacks: &dyn StackSource) -> Result<FlameSummary> {
+        // Threads started after attach (or renamed) are named too, if the target still runs.
+        self.threads.extend(timeline::read_thread_names(self.pid));
+        self.session
+            .finish(bands, stacks, &mut self.symbolizer, &self.threads, self.pid)
+    }
+}
+
 fn write_file(
     path: &Path,
     render: impl FnOnce(&mut BufWriter<fs::File>) -> io::Result<()>,
