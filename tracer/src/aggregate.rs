@@ -1,0 +1,269 @@
+//! Streaming aggregation of request outcomes: one HDR histogram per part, plus `total` and
+//! `overhead` (= total − upstream), with exact ns sums for means and exact maxima. Memory is
+//! fixed whatever the session length.
+//!
+//! Percentiles are HDR values (3 significant digits, so within 0.1%), capped at the exact max.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+
+use crate::requests::{Hits, Outcome, PARTS, Part, RequestRecord};
+
+/// What a distribution is of: one part, or the request's total or overhead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metric {
+    Total,
+    Overhead,
+    Part(Part),
+}
+
+impl Metric {
+    /// Total, overhead, then every part in [`Part::ALL`] order.
+    pub fn all() -> impl Iterator<Item = Metric> {
+        [Metric::Total, Metric::Overhead]
+            .into_iter()
+            .chain(Part::ALL.into_iter().map(Metric::Part))
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Total => "total",
+            Metric::Overhead => "overhead",
+            Metric::Part(p) => p.name(),
+        }
+    }
+
+    pub fn of(self, r: &RequestRecord) -> u64 {
+        match self {
+            Metric::Total => r.total_ns(),
+            Metric::Overhead => r.overhead_ns(),
+            Metric::Part(p) => r.part_ns(p),
+        }
+    }
+}
+
+/// Percentiles, max and mean of one metric, in ns.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Stats {
+    pub p50_ns: u64,
+    pub p90_ns: u64,
+    pub p99_ns: u64,
+    pub p999_ns: u64,
+    pub max_ns: u64,
+    pub mean_ns: f64,
+}
+
+struct Dist {
+    hist: Histogram<u64>,
+    sum_ns: u128,
+    max_ns: u64,
+}
+
+impl Dist {
+    fn new() -> Self {
+        Dist {
+            hist: Histogram::new(3).expect("3 significant digits is a valid precision"),
+            sum_ns: 0,
+            max_ns: 0,
+        }
+    }
+
+    fn record(&mut self, ns: u64) {
+        // Auto-resizing: only a value beyond u64 range could fail, and then saturating is right.
+        if self.hist.record(ns).is_err() {
+            self.hist.saturating_record(ns);
+        }
+        self.sum_ns += u128::from(ns);
+        self.max_ns = self.max_ns.max(ns);
+    }
+
+    fn quantile(&self, q: f64) -> u64 {
+        if self.hist.is_empty() {
+            0
+        } else {
+            self.hist.value_at_quantile(q).min(self.max_ns)
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        let n = self.hist.len();
+        Stats {
+            p50_ns: self.quantile(0.50),
+            p90_ns: self.quantile(0.90),
+            p99_ns: self.quantile(0.99),
+            p999_ns: self.quantile(0.999),
+            max_ns: self.max_ns,
+            mean_ns: if n == 0 {
+                0.0
+            } else {
+                self.sum_ns as f64 / n as f64
+            },
+        }
+    }
+}
+
+/// Mean probe hits per complete request, per kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HitsPerRequest {
+    pub sites: f64,
+    pub syscalls: f64,
+    pub sock: f64,
+    pub sched: f64,
+    pub samples: f64,
+}
+
+pub struct Aggregate {
+    total: Dist,
+    overhead: Dist,
+    parts: Vec<Dist>,
+    requests: u64,
+    incomplete: BTreeMap<String, u64>,
+    hits: [u64; 5],
+}
+
+impl Default for Aggregate {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Aggregate {
+    pub fn new() -> Self {
+        Aggregate {
+            total: Dist::new(),
+            overhead: Dist::new(),
+            parts: (0..PARTS).map(|_| Dist::new()).collect(),
+            requests: 0,
+            incomplete: BTreeMap::new(),
+            hits: [0; 5],
+        }
+    }
+
+    pub fn add(&mut self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Complete(r) => self.add_record(r),
+            Outcome::Incomplete(i) => *self.incomplete.entry(i.reason.clone()).or_default() += 1,
+        }
+    }
+
+    fn add_record(&mut self, r: &RequestRecord) {
+        self.requests += 1;
+        self.total.record(r.total_ns());
+        self.overhead.record(r.overhead_ns());
+        for (dist, &ns) in self.parts.iter_mut().zip(&r.parts) {
+            dist.record(ns);
+        }
+        let Hits {
+            sites,
+            syscalls,
+            sock,
+            sched,
+            samples,
+        } = r.hits;
+        for (sum, n) in self
+            .hits
+            .iter_mut()
+            .zip([sites, syscalls, sock, sched, samples])
+        {
+            *sum += u64::from(n);
+        }
+    }
+
+    /// Complete requests.
+    pub fn requests(&self) -> u64 {
+        self.requests
+    }
+
+    pub fn incomplete(&self) -> u64 {
+        self.incomplete.values().sum()
+    }
+
+    /// Incomplete requests by reason, in reason order.
+    pub fn incomplete_reasons(&self) -> &BTreeMap<String, u64> {
+        &self.incomplete
+    }
+
+    pub fn stats(&self, metric: Metric) -> Stats {
+        match metric {
+            Metric::Total => self.total.stats(),
+            Metric::Overhead => self.overhead.stats(),
+            Metric::Part(p) => self.parts[p.index()].stats(),
+        }
+    }
+
+    /// Overhead at quantile `q` (0..=1), ns: the running p99 for live progress, band edges.
+    pub fn overhead_quantile_ns(&self, q: f64) -> u64 {
+        self.overhead.quantile(q)
+    }
+
+    pub fn hits_per_request(&self) -> HitsPerRequest {
+        let n = self.requests.max(1) as f64;
+        let [sites, syscalls, sock, sched, samples] = self.hits.map(|h| h as f64 / n);
+        HitsPerRequest {
+            sites,
+            syscalls,
+            sock,
+            sched,
+            samples,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::requests::Incomplete;
+
+    fn record(id: u64, upstream: u64, scheduling: u64) -> Outcome {
+        let mut parts = [0; PARTS];
+        parts[Part::Upstream.index()] = upstream;
+        parts[Part::Scheduling.index()] = scheduling;
+        Outcome::Complete(RequestRecord {
+            req_id: id,
+            status: 200,
+            t_arrive_ns: 1000,
+            t_done_ns: 1000 + upstream + scheduling,
+            parts,
+            slices: Vec::new(),
+            samples: Vec::new(),
+            offcpu: Vec::new(),
+            hits: Hits {
+                sites: 10,
+                syscalls: id as u32,
+                ..Hits::default()
+            },
+        })
+    }
+
+    #[test]
+    fn exact_means_and_maxima_with_hdr_percentiles() {
+        let mut agg = Aggregate::new();
+        for id in 1..=100 {
+            agg.add(&record(id, 5000, id * 1000));
+        }
+        agg.add(&Outcome::Incomplete(Incomplete {
+            req_id: 0,
+            reason: "events lost".into(),
+        }));
+        assert_eq!(agg.requests(), 100);
+        assert_eq!(agg.incomplete(), 1);
+        let s = agg.stats(Metric::Part(Part::Scheduling));
+        assert_eq!(s.max_ns, 100_000);
+        assert_eq!(s.mean_ns, 50_500.0);
+        assert!((s.p50_ns as f64 - 50_000.0).abs() <= 50.0, "{s:?}");
+        assert!((s.p99_ns as f64 - 99_000.0).abs() <= 100.0, "{s:?}");
+        let o = agg.stats(Metric::Overhead);
+        assert_eq!((o.max_ns, o.mean_ns), (100_000, 50_500.0));
+        assert_eq!(agg.stats(Metric::Total).max_ns, 105_000);
+        let h = agg.hits_per_request();
+        assert_eq!((h.sites, h.syscalls), (10.0, 50.5));
+    }
+
+    #[test]
+    fn empty_is_zero_not_a_panic() {
+        let agg = Aggregate::new();
+        assert_eq!(agg.stats(Metric::Total), Stats::default());
+        assert_eq!(agg.overhead_quantile_ns(0.99), 0);
+    }
+}
