@@ -47,6 +47,17 @@ pub struct Bands {
 }
 
 impl Bands {
+    /// From the aggregate's quantile function (e.g. `|q| aggregate.overhead_quantile_ns(q)`),
+    /// so the pictures use the very thresholds of breakdown.json's tail view.
+    pub fn from_quantiles(quantile_ns: impl Fn(f64) -> u64) -> Bands {
+        Bands {
+            tail_above_ns: quantile_ns(0.99),
+            median_lo_ns: quantile_ns(0.45),
+            median_hi_ns: quantile_ns(0.55),
+            median_ns: quantile_ns(0.5),
+        }
+    }
+
     /// Nearest-rank percentiles of `overheads` (for callers without an aggregate, and tests):
     /// the p-th percentile is the smallest value with at least p% of values at or below it.
     pub fn nearest_rank(overheads: &[u64]) -> Option<Bands> {
