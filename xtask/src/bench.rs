@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use serde::Serialize;
 
-use crate::machine::{Machine, filesystem_of, utc_now};
+use crate::machine::{Machine, filesystem_of, load_average, utc_now};
 use crate::procs::{
     Binaries, init_demo_db, run_loadgen, start_gateway, start_mock_upstream, workspace_root,
 };
@@ -175,6 +175,7 @@ struct Results {
     max_rates: Vec<MaxRate>,
     rows: Vec<Row>,
     wall_time_s: f64,
+    load_average_at_end: String,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -388,6 +389,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_rates,
         rows,
         wall_time_s: started.elapsed().as_secs_f64(),
+        load_average_at_end: load_average(),
     };
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     std::fs::write(
@@ -592,7 +594,10 @@ fn markdown(results: &Results) -> String {
         "- rows: {} s measured after {} s warm-up; open loop over {OPEN_CONNECTIONS} connections, latency from the scheduled send; closed loop, one connection per request in flight\n",
         r.row_duration_s, r.row_warmup_s
     );
-    md += &format!("- wall time: {:.0} s\n\n", r.wall_time_s);
+    md += &format!(
+        "- wall time: {:.0} s; load average at the end: {}\n\n",
+        r.wall_time_s, r.load_average_at_end
+    );
 
     md += "## Raw fdatasync on the ledger's filesystem (4 KiB append + fdatasync)\n\n| when | samples | p50 µs | p99 µs | max µs |\n|---|---|---|---|---|\n";
     for (when, f) in [
@@ -691,6 +696,21 @@ fn reading(r: &Results) -> String {
             row.added.p99_us,
             r.gate_p99_added_us,
             row.gate
+        );
+    }
+    // While rows run, the bench itself keeps about two runnable processes.
+    let first = |loadavg: &str| {
+        loadavg
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    if first(&r.machine.load_average) > 0.5 || first(&r.load_average_at_end) > 2.5 {
+        md += &format!(
+            "- **The machine was not idle**: 1-minute load average {} when the bench started and {} when it ended (its own rows account for about 2). Other work competed for the CPUs and the disk; read every figure as measured on a shared machine.\n",
+            first(&r.machine.load_average),
+            first(&r.load_average_at_end)
         );
     }
     let passed = r.rows.iter().filter(|row| row.gate == "PASS").count();

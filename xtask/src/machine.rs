@@ -19,6 +19,8 @@ pub struct Machine {
     pub uncommitted: Vec<String>,
     /// UTC, ISO 8601.
     pub date: String,
+    /// `/proc/loadavg` when collected: other work on the machine shows here.
+    pub load_average: String,
 }
 
 impl Machine {
@@ -66,14 +68,21 @@ impl Machine {
             commit: git(&root, &["rev-parse", "HEAD"]).trim().to_owned(),
             uncommitted,
             date: utc_now().iso8601(),
+            load_average: load_average(),
         }
     }
 
     /// Markdown lines for a report header.
     pub fn markdown(&self) -> String {
         let mut text = format!(
-            "- machine: {} × {}, {} GiB\n- kernel: Linux {}\n- commit: `{}`\n- date: {}\n",
-            self.cpus, self.cpu_model, self.memory_gib, self.kernel, self.commit, self.date
+            "- machine: {} × {}, {} GiB\n- kernel: Linux {}\n- commit: `{}`\n- date: {}\n- load average at start (1, 5, 15 min): {}\n",
+            self.cpus,
+            self.cpu_model,
+            self.memory_gib,
+            self.kernel,
+            self.commit,
+            self.date,
+            self.load_average
         );
         if !self.uncommitted.is_empty() {
             text += &format!(
@@ -87,6 +96,18 @@ impl Machine {
         }
         text
     }
+}
+
+/// The 1, 5 and 15 minute load averages.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|_| "unknown".to_owned())
 }
 
 fn git(root: &Path, args: &[&str]) -> String {
