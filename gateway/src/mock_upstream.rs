@@ -1,7 +1,8 @@
 //! A keep-alive JSON echo server standing in for the tool behind the gateway.
 //!
 //! Every request (any method, any path) is answered with
-//! `{"echo": <request body as JSON, or null>, "path": "<request path>"}` after a fixed delay,
+//! `{"echo": <request body as JSON, or null>, "path": "<request path>", "authorization":
+//! <the Authorization header, or null>}` after a fixed delay,
 //! slept on the tokio timer so concurrent requests overlap their delays as a real service would.
 
 use std::convert::Infallible;
@@ -44,6 +45,12 @@ async fn echo(
     delay: Duration,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path().to_owned();
+    // Echoed so tests can see which credential the gateway injected.
+    let authorization = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let body = match req.into_body().collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(_) => Bytes::new(),
@@ -52,7 +59,7 @@ async fn echo(
         tokio::time::sleep(delay).await;
     }
     let echo: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-    let reply = serde_json::json!({ "echo": echo, "path": path });
+    let reply = serde_json::json!({ "echo": echo, "path": path, "authorization": authorization });
     let bytes = serde_json::to_vec(&reply).unwrap_or_default();
     let response = Response::builder()
         .header("content-type", "application/json")

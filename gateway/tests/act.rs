@@ -34,10 +34,14 @@ fn happy_path_returns_upstream_body_and_a_durable_receipt() {
     assert_eq!(reply.header("x-request-id"), Some("4242"));
     let json = reply.json();
     assert_eq!(json["status"], 200);
-    // The upstream received the canonical params and the demo path.
+    // The upstream received the canonical params, the demo path and the vault's token.
     assert_eq!(
         json["body"],
-        serde_json::json!({"echo": {"a": "x", "b": [1, 2]}, "path": "/echo"})
+        serde_json::json!({
+            "echo": {"a": "x", "b": [1, 2]},
+            "path": "/echo",
+            "authorization": "Bearer demo-upstream-token",
+        })
     );
     let receipt = &json["receipt"];
     assert_eq!(receipt["seq"], 1);
@@ -402,4 +406,62 @@ fn other_routes() {
         (wrong.status, wrong.code()),
         (405, "method_not_allowed".to_owned())
     );
+}
+
+#[test]
+fn vault_changes_reach_a_running_server() {
+    let demo = Demo::new();
+    let server = demo.serve();
+    let key = Some(demo.key.as_str());
+    let injected =
+        |id| act(&server.addr, key, Some(id), OK_BODY).json()["body"]["authorization"].clone();
+    assert_eq!(injected(1), "Bearer demo-upstream-token");
+    let link = [
+        "token",
+        "link",
+        "--user",
+        "user-1",
+        "--service",
+        "demo",
+        "--token",
+    ];
+    demo.cli_ok(&[&link[..], &["rotated"]].concat());
+    assert_eq!(
+        injected(2),
+        "Bearer rotated",
+        "the decrypted-token cache was not invalidated"
+    );
+    demo.cli_ok(&[&link[..], &["rotated", "--ttl-s", "-1"]].concat());
+    let reply = act(&server.addr, key, Some(3), OK_BODY);
+    assert_eq!(
+        (reply.status, reply.code()),
+        (403, "token_expired".to_owned())
+    );
+    // A header credential instead of bearer.
+    let up = format!("http://{}", demo.upstream.addr);
+    demo.cli_ok(&[
+        "service",
+        "add",
+        "--name",
+        "hdr",
+        "--upstream",
+        &up,
+        "--path",
+        "/h",
+        "--credential-header",
+        "x-api-key",
+    ]);
+    demo.cli_ok(&[
+        "token",
+        "link",
+        "--user",
+        "user-1",
+        "--service",
+        "hdr",
+        "--token",
+        "k1",
+    ]);
+    let reply = act(&server.addr, key, Some(4), &body("hdr", "user-1"));
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["body"]["authorization"], Value::Null);
 }

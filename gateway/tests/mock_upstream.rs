@@ -9,7 +9,7 @@ fn echoes_json_body_and_path() {
     assert_eq!(reply.status, 200);
     assert_eq!(
         reply.json(),
-        serde_json::json!({"echo": {"a": [1, 2]}, "path": "/echo"})
+        serde_json::json!({"echo": {"a": [1, 2]}, "path": "/echo", "authorization": null})
     );
 }
 
@@ -20,6 +20,6 @@ fn non_json_body_echoes_null() {
     assert_eq!(reply.status, 200);
     assert_eq!(
         reply.json(),
-        serde_json::json!({"echo": null, "path": "/x/y"})
+        serde_json::json!({"echo": null, "path": "/x/y", "authorization": null})
     );
 }
