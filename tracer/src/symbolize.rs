@@ -6,7 +6,8 @@
 //! session starts, so frames still resolve after the target has exited. Kernel frames come
 //! from `/proc/kallsyms` and carry the `_[k]` suffix that inferno and perf use for kernel code.
 //!
-//! Every name is sanitized for the folded format (`;` separates frames, a newline ends a line)
+//! Generic argument lists are dropped from user frames (see [`shorten_generics`]). Every name
+//! is sanitized for the folded format (`;` separates frames, a newline ends a line)
 //! and cached per address, and whole stacks are cached per stack id.
 
 use std::collections::HashMap;
@@ -117,6 +118,31 @@ pub fn sanitize(name: &str) -> String {
         .collect()
 }
 
+/// Drops generic argument lists (`Vec<u8, Global>` → `Vec`) but keeps qualified paths
+/// (`<Conn as Future>::poll`). Inlined frames from DWARF carry every type argument, which
+/// makes one frame hundreds of characters long and splits one function into many towers.
+pub fn shorten_generics(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut depth = 0usize;
+    let mut prev = '\0';
+    for c in name.chars() {
+        if depth > 0 {
+            match c {
+                '<' => depth += 1,
+                // `->` inside the arguments (`Fn() -> T`) is not a closing bracket.
+                '>' if prev != '-' => depth -= 1,
+                _ => {}
+            }
+        } else if c == '<' && (prev.is_alphanumeric() || prev == '_' || prev == '>') {
+            depth = 1;
+        } else {
+            out.push(c);
+        }
+        prev = c;
+    }
+    out
+}
+
 /// Whether `/proc/kallsyms` shows real addresses (it shows zeros without privilege).
 pub fn kallsyms_readable() -> bool {
     let Ok(text) = fs::read_to_string("/proc/kallsyms") else {
@@ -197,7 +223,7 @@ impl Symbolizer {
         {
             Ok(Symbolized::Sym(sym)) => std::iter::once(sym.name.as_ref())
                 .chain(sym.inlined.iter().map(|inlined| inlined.name.as_ref()))
-                .map(sanitize)
+                .map(|name| sanitize(&shorten_generics(name)))
                 .collect(),
             Ok(Symbolized::Unknown(_)) | Err(_) => module(),
         }
@@ -331,6 +357,26 @@ garbage line
         assert_eq!(&*sym.user_frames(0x7ffd00000010), ["[[vdso]]"]);
         // The file does not exist: the frame still says where the address was.
         assert_eq!(&*sym.user_frames(0x55d0c0100010), ["[gateway]"]);
+    }
+
+    #[test]
+    fn generic_arguments_go_and_qualified_paths_stay() {
+        assert_eq!(
+            shorten_generics("and_then<&http::HeaderValue, &str, F>"),
+            "and_then"
+        );
+        assert_eq!(
+            shorten_generics("<hyper::Conn<T, B> as core::future::Future>::poll"),
+            "<hyper::Conn as core::future::Future>::poll"
+        );
+        assert_eq!(
+            shorten_generics("call<Box<dyn Fn() -> u8>>::{closure#0}"),
+            "call::{closure#0}"
+        );
+        assert_eq!(
+            shorten_generics("gateway::act::handle"),
+            "gateway::act::handle"
+        );
     }
 
     #[test]
