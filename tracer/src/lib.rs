@@ -2,6 +2,8 @@
 //! attach → read events → rebuild requests → aggregate → symbolize → report.
 
 pub mod requests;
+pub mod aggregate;
+pub mod report;
 pub mod flame;
 pub mod symbolize;
 pub mod timeline;

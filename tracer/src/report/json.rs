@@ -1,0 +1,95 @@
+//! A small ordered JSON writer: keys come out in the order written, so `breakdown.json` is
+//! byte-for-byte deterministic whatever features serde_json is built with.
+
+use std::fmt::Write;
+
+pub(crate) enum Value {
+    Int(u64),
+    /// Printed with 3 decimals.
+    Num(f64),
+    Str(String),
+    Null,
+    Obj(Vec<(String, Value)>),
+}
+
+impl Value {
+    pub(crate) fn obj() -> Self {
+        Value::Obj(Vec::new())
+    }
+
+    pub(crate) fn with(mut self, key: &str, value: Value) -> Self {
+        if let Value::Obj(fields) = &mut self {
+            fields.push((key.to_owned(), value));
+        }
+        self
+    }
+
+    pub(crate) fn render(&self) -> String {
+        let mut out = String::new();
+        self.write(&mut out, 0);
+        out.push('\n');
+        out
+    }
+
+    fn write(&self, out: &mut String, indent: usize) {
+        match self {
+            Value::Int(n) => write!(out, "{n}").expect("writing to a String"),
+            Value::Num(x) if x.is_finite() => write!(out, "{x:.3}").expect("writing to a String"),
+            Value::Num(_) | Value::Null => out.push_str("null"),
+            Value::Str(s) => quote(out, s),
+            Value::Obj(fields) if fields.is_empty() => out.push_str("{}"),
+            Value::Obj(fields) => {
+                out.push_str("{\n");
+                for (i, (k, v)) in fields.iter().enumerate() {
+                    out.push_str(&"  ".repeat(indent + 1));
+                    quote(out, k);
+                    out.push_str(": ");
+                    v.write(out, indent + 1);
+                    out.push_str(if i + 1 < fields.len() { ",\n" } else { "\n" });
+                }
+                out.push_str(&"  ".repeat(indent));
+                out.push('}');
+            }
+        }
+    }
+}
+
+fn quote(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                write!(out, "\\u{:04x}", u32::from(c)).expect("writing to a String")
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_valid_ordered_json() {
+        let v = Value::obj()
+            .with("b", Value::Int(1))
+            .with(
+                "a",
+                Value::Obj(vec![
+                    ("x\"y".into(), Value::Num(0.5)),
+                    ("n".into(), Value::Null),
+                ]),
+            )
+            .with("e", Value::obj())
+            .with("s", Value::Str("tab\there".into()));
+        let text = v.render();
+        assert!(text.find("\"b\"").unwrap() < text.find("\"a\"").unwrap());
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(parsed["a"]["x\"y"], 0.5);
+        assert_eq!(parsed["s"], "tab\there");
+    }
+}

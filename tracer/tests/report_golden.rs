@@ -1,0 +1,223 @@
+//! A fixed synthetic session → the stdout table and breakdown.json, compared with
+//! tests/golden/. Rerun with `BLESS=1` to accept a deliberate change.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use tracer::report::{SessionEnd, SessionMeta, SessionWriter};
+use tracer::requests::{Hits, Incomplete, Outcome, PARTS, Part, RequestRecord};
+use tracer_ebpf::sites::Phase;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo)
+    }
+}
+
+/// 2000 requests: upstream ~1 ms, a few µs of CPU per phase, a receipt wait of fsync and
+/// signing, and a heavy tail from fsync and scheduling in about 2% of requests.
+fn session() -> Vec<Outcome> {
+    let mut rng = Rng(0x5eed);
+    let mut out = Vec::new();
+    let mut t = 1_000_000_000u64;
+    for id in 1..=2000u64 {
+        let mut parts = [0u64; PARTS];
+        let mut set = |p: Part, ns: u64| parts[p.index()] = ns;
+        let slow = rng.next().is_multiple_of(50);
+        set(Part::Upstream, rng.range(900_000, 1_100_000));
+        set(
+            Part::Scheduling,
+            rng.range(5_000, 20_000) + if slow { rng.range(100_000, 900_000) } else { 0 },
+        );
+        set(
+            Part::LedgerFsync,
+            rng.range(200_000, 300_000)
+                + if slow {
+                    rng.range(1_000_000, 4_000_000)
+                } else {
+                    0
+                },
+        );
+        set(Part::Signing, rng.range(30_000, 40_000));
+        set(Part::LedgerOther, rng.range(10_000, 60_000));
+        for phase in [
+            Phase::Parse,
+            Phase::Auth,
+            Phase::Scope,
+            Phase::Upstream,
+            Phase::Respond,
+        ] {
+            set(Part::Cpu(phase), rng.range(2_000, 9_000));
+        }
+        set(Part::BlockedOther, rng.range(0, 3_000));
+        let total: u64 = parts.iter().sum();
+        out.push(Outcome::Complete(RequestRecord {
+            req_id: id,
+            status: 200,
+            t_arrive_ns: t,
+            t_done_ns: t + total,
+            parts,
+            slices: Vec::new(),
+            samples: Vec::new(),
+            offcpu: Vec::new(),
+            hits: Hits {
+                sites: 22,
+                syscalls: 4,
+                sock: 3,
+                sched: (id % 7) as u32,
+                samples: (id % 3 == 0) as u32,
+            },
+        }));
+        if id.is_multiple_of(400) {
+            let reason = if id.is_multiple_of(800) {
+                "events lost"
+            } else {
+                "arrival not seen"
+            };
+            out.push(Outcome::Incomplete(Incomplete {
+                req_id: 100_000 + id,
+                reason: reason.into(),
+            }));
+        }
+        t += rng.range(200_000, 800_000);
+    }
+    out
+}
+
+fn golden(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("BLESS").is_some() {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with BLESS=1 to create it)", path.display()));
+    assert_eq!(
+        actual, expected,
+        "{name} differs from the golden file; BLESS=1 accepts the change"
+    );
+}
+
+fn run(dir: &Path) -> tracer::report::Summary {
+    let meta = SessionMeta {
+        pid: 4242,
+        attach_modes: BTreeMap::from([
+            ("sched_switch".to_owned(), "tp_btf".to_owned()),
+            ("sys_exit_write".to_owned(), "tracepoint".to_owned()),
+            ("probe_sites".to_owned(), "uprobe".to_owned()),
+        ]),
+    };
+    let mut writer = SessionWriter::create(dir, meta).unwrap();
+    for outcome in session() {
+        writer.write(&outcome).unwrap();
+    }
+    writer
+        .finish(SessionEnd {
+            duration_s: 10.0,
+            lost_events: 17,
+        })
+        .unwrap()
+}
+
+#[test]
+fn table_and_breakdown_match_golden_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let summary = run(dir.path());
+    let json = std::fs::read_to_string(dir.path().join("breakdown.json")).unwrap();
+    golden("report_table.txt", &summary.table);
+    golden("report_breakdown.json", &json);
+}
+
+#[test]
+fn files_are_consistent_with_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let summary = run(dir.path());
+    assert_eq!((summary.requests, summary.incomplete), (2000, 5));
+
+    let csv = std::fs::read_to_string(dir.path().join("requests.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(
+        &header[..6],
+        [
+            "request_id",
+            "status",
+            "t_arrive_ns",
+            "t_done_ns",
+            "total_ns",
+            "overhead_ns"
+        ]
+    );
+    assert_eq!(header[6..].len(), PARTS);
+    assert_eq!(header[6], "upstream_ns");
+    assert_eq!(header.last(), Some(&"unattributed_ns"));
+    let rows: Vec<Vec<u64>> = lines
+        .map(|l| l.split(',').map(|f| f.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 2000);
+    for row in &rows {
+        assert_eq!(row[6..].iter().sum::<u64>(), row[4], "parts sum to total");
+        assert_eq!(row[4] - row[6], row[5], "overhead = total - upstream");
+        assert_eq!(row[3] - row[2], row[4]);
+    }
+    let incomplete = std::fs::read_to_string(dir.path().join("incomplete.csv")).unwrap();
+    assert_eq!(incomplete.lines().count(), 1 + 5);
+
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("breakdown.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["requests"], 2000);
+    assert_eq!(json["incomplete"], 5);
+    assert_eq!(json["incomplete_reasons"]["events lost"], 2);
+    assert_eq!(json["lost_events"], 17);
+    assert_eq!(json["attach_modes"]["sched_switch"], "tp_btf");
+    for band in ["tail", "median"] {
+        let parts = json[band]["parts"].as_object().unwrap();
+        assert_eq!(parts.len(), PARTS);
+        assert!(parts["upstream"]["share"].is_null());
+        let shares: f64 = parts.values().filter_map(|p| p["share"].as_f64()).sum();
+        assert!(
+            (shares - 1.0).abs() < 0.01,
+            "{band}: shares sum to {shares}"
+        );
+    }
+    // The tail: requests strictly above the p99 of overhead, recounted from the CSV.
+    let threshold = summary.tail_threshold_ns;
+    let above = rows.iter().filter(|r| r[5] > threshold).count() as u64;
+    assert_eq!(summary.tail.requests, above);
+    assert!((10..=30).contains(&above), "about 1% of 2000: {above}");
+    let exact: f64 = Part::ALL
+        .iter()
+        .filter(|p| **p != Part::Upstream)
+        .map(|p| summary.tail.share(*p).unwrap())
+        .sum();
+    assert!(
+        (exact - 1.0).abs() < 1e-9,
+        "unrounded shares sum to 1: {exact}"
+    );
+    assert!(
+        summary.median.requests >= 150,
+        "p45..p55 holds about 10%: {}",
+        summary.median.requests
+    );
+}
+
+#[test]
+fn bad_directory_is_a_clear_error() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let err = SessionWriter::create(&file.path().join("sub"), SessionMeta::default())
+        .err()
+        .unwrap();
+    assert!(format!("{err:#}").contains("creating"), "{err:#}");
+}
