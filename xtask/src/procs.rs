@@ -381,3 +381,61 @@ pub fn run_loadgen(
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sleeper(cpus: Option<&str>, dir: &Path) -> Proc {
+        Proc::spawn(
+            "sleep",
+            cpus,
+            Path::new("sleep"),
+            &["30".to_owned()],
+            dir,
+            false,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_dropped_child_is_killed_and_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = sleeper(None, dir.path());
+        let pid = proc.pid();
+        assert!(Path::new(&format!("/proc/{pid}")).exists());
+        drop(proc);
+        // Reaped, not a zombie: the pid is gone (or, rarely, reused by another process).
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        assert!(!status.contains("Name:\tsleep"), "{status}");
+    }
+
+    #[test]
+    fn taskset_pinning_is_applied_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = sleeper(Some("0"), dir.path());
+        // taskset sets the mask, then execs sleep in the same process.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_to_string(format!("/proc/{}/comm", proc.pid()))
+            .unwrap_or_default()
+            .trim()
+            != "sleep"
+        {
+            assert!(Instant::now() < deadline, "taskset never exec'd sleep");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(proc.cpus_allowed().unwrap(), "0");
+    }
+
+    #[test]
+    fn stop_ends_a_child_that_honours_sigterm() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut proc = sleeper(None, dir.path());
+        let started = Instant::now();
+        proc.stop().unwrap();
+        assert!(
+            started.elapsed() < STOP_GRACE,
+            "sleep exits on SIGTERM, no SIGKILL needed"
+        );
+    }
+}
