@@ -1,6 +1,475 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `cargo xtask profile`: one whole tail session at a fraction of max load.
+//!
+//! mock-upstream, a demo ledger in a temp dir and the gateway (pinned to its CPUs) are
+//! started; `loadgen --find-max` measures the max rate; a short untraced open-loop warm-up
+//! runs at the target rate; then the tracer attaches (its calibration and attach happen
+//! before any traced load), loadgen runs the measured open loop, and the tracer is stopped
+//! after the last response. The session directory gets the tracer's files (breakdown,
+//! requests, flamegraphs, trace.json), loadgen's summaries and a README.md written from them.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+mod readme;
+
+use std::fs;
+use std::io::{Read as _, Seek as _, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+
+use crate::machine::{Machine, utc_now};
+use crate::procs::{
+    self, Binaries, Proc, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
+};
+
+/// Files the tracer must leave in the session directory.
+const TRACER_FILES: [&str; 12] = [
+    "breakdown.json",
+    "requests.csv",
+    "tail-oncpu.folded",
+    "tail-oncpu.svg",
+    "all-oncpu.folded",
+    "all-oncpu.svg",
+    "tail-offcpu.folded",
+    "tail-offcpu.svg",
+    "median-oncpu.folded",
+    "tail-diff.svg",
+    "trace.json",
+    "pictures.json",
+];
+/// Keep-alive connections of the open loop (one per in-flight request).
+const CONNECTIONS: u64 = 32;
+/// The line the tracer prints once every program is attached.
+const TRACER_READY: &str = "tracer: program ids";
+const TRACER_READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Draining, rebuilding, symbolizing and drawing after the stop signal.
+const TRACER_FINISH_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Fraction of the measured max throughput to run the session at (0 < load ≤ 1.5).
+    #[arg(long, default_value_t = 0.25, value_parser = load_fraction)]
+    load: f64,
+    /// mock-upstream's delay per request, in ms.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    delay_ms: u64,
+    /// Traced open-loop seconds.
+    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
+    duration: f64,
+    /// The gateway's tokio worker threads (all on the gateway's CPUs).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    workers: u64,
+    /// Session directory (default profiles/<date>-<load>pct-<delay>ms).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// CPUs for the gateway (a `taskset -c` list).
+    #[arg(long, default_value = "0")]
+    gateway_cpus: String,
+    /// CPUs for loadgen, mock-upstream and the tracer.
+    #[arg(long, default_value = "1")]
+    load_cpus: String,
+    /// Skip the search and use this max rate (req/s), e.g. to repeat a session.
+    #[arg(long, value_parser = rate)]
+    max_rate: Option<f64>,
+    /// Untraced open-loop warm-up at the target rate before the tracer attaches, in s.
+    #[arg(long, default_value_t = 3.0, value_parser = seconds)]
+    warmup: f64,
+    /// The tracer's cpu-clock sampling rate.
+    #[arg(long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    sample_hz: u64,
+}
+
+fn load_fraction(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(load) if load > 0.0 && load <= 1.5 => Ok(load),
+        _ => Err(format!("--load must be a fraction in (0, 1.5], got {text}")),
+    }
+}
+
+fn seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Ok(s),
+        _ => Err(format!("expected seconds in (0, 3600], got {text}")),
+    }
+}
+
+fn rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!("expected a positive rate in req/s, got {text}")),
+    }
+}
+
+/// What the README needs to say about how the session ran.
+pub struct SessionFacts {
+    pub command: String,
+    pub load: f64,
+    pub delay_ms: u64,
+    pub duration_s: f64,
+    pub warmup_s: f64,
+    pub workers: u64,
+    pub sample_hz: u64,
+    pub connections: u64,
+    pub max_rate: f64,
+    pub max_rate_source: String,
+    pub target_rate: f64,
+    pub pinning: Vec<(String, String, String)>,
+    pub machine: Machine,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "cargo xtask profile attaches eBPF programs: run it as root"
+    );
+    // The eBPF toolchain is needed by `cargo build -p tracer` below; `setup` has no
+    // `ensure()` to call yet (see the report), so a fresh machine needs `cargo xtask setup`.
+    let started = Instant::now();
+    let out = args.out.clone().unwrap_or_else(|| {
+        procs::workspace_root().join("profiles").join(format!(
+            "{}-{}pct-{}ms",
+            utc_now().date(),
+            (args.load * 100.0).round(),
+            args.delay_ms
+        ))
+    });
+    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let work = tempfile::Builder::new()
+        .prefix("xtask-profile-")
+        .tempdir()?;
+    let logs = work.path();
+
+    let bins = Binaries::build()?;
+    let tracer_bin = build_tracer()?;
+    let load_cpus = Some(args.load_cpus.as_str());
+
+    let mock = start_mock_upstream(&bins, load_cpus, args.delay_ms, logs)?;
+    let db = work.path().join("ledger.db");
+    let key = init_demo_db(&bins, &db, &mock.url)?;
+    let gateway = start_gateway(
+        &bins,
+        Some(&args.gateway_cpus),
+        &db,
+        args.workers as usize,
+        logs,
+    )?;
+    eprintln!(
+        "xtask: gateway pid {} at {} (CPUs {})",
+        gateway.proc.pid(),
+        gateway.url,
+        args.gateway_cpus
+    );
+    let loadgen = |extra: &[String], timeout: Duration| -> anyhow::Result<()> {
+        let mut all = vec![
+            "--url".to_owned(),
+            gateway.url.clone(),
+            "--key".to_owned(),
+            key.clone(),
+        ];
+        all.extend_from_slice(extra);
+        run_loadgen(&bins, load_cpus, &all, timeout, logs)
+    };
+
+    let (max_rate, max_rate_source) = match args.max_rate {
+        Some(max) => (max, "given with --max-rate".to_owned()),
+        None => {
+            eprintln!("xtask: searching the max rate (loadgen --find-max)");
+            let find_max = out.join("find-max.json");
+            loadgen(
+                &strings(&["--find-max", "--out", &path_arg(&find_max)]),
+                Duration::from_secs(300),
+            )?;
+            let json: serde_json::Value = serde_json::from_slice(&fs::read(&find_max)?)?;
+            let max = json["max_rate"]
+                .as_f64()
+                .context("find-max.json has no max_rate")?;
+            (max, "`loadgen --find-max` (find-max.json)".to_owned())
+        }
+    };
+    ensure!(
+        max_rate > 0.0,
+        "the max rate is 0: the gateway served nothing"
+    );
+    let target_rate = args.load * max_rate;
+    eprintln!(
+        "xtask: max {max_rate:.0} req/s → target {target_rate:.0} req/s ({:.0}%)",
+        args.load * 100.0
+    );
+
+    let open_loop = |duration: f64, extra: &[&str]| {
+        let mut flags = strings(&[
+            "--rate",
+            &format!("{target_rate:.3}"),
+            "--duration",
+            &duration.to_string(),
+            "--connections",
+            &CONNECTIONS.to_string(),
+        ]);
+        flags.extend(strings(extra));
+        flags
+    };
+    eprintln!(
+        "xtask: untraced warm-up, {} s at the target rate",
+        args.warmup
+    );
+    loadgen(
+        &open_loop(args.warmup, &["--warmup", "0"]),
+        Duration::from_secs_f64(args.warmup + 60.0),
+    )?;
+
+    let mut tracer = start_tracer(&tracer_bin, &args, gateway.proc.pid(), &out, logs)?;
+    let pinning = vec![
+        (
+            "gateway".to_owned(),
+            args.gateway_cpus.clone(),
+            gateway.proc.cpus_allowed()?,
+        ),
+        (
+            "mock-upstream".to_owned(),
+            args.load_cpus.clone(),
+            mock.proc.cpus_allowed()?,
+        ),
+        (
+            "tracer".to_owned(),
+            args.load_cpus.clone(),
+            tracer.cpus_allowed()?,
+        ),
+        (
+            "loadgen".to_owned(),
+            args.load_cpus.clone(),
+            format!("{} (taskset)", args.load_cpus),
+        ),
+    ];
+
+    eprintln!(
+        "xtask: traced open loop, {} s at {target_rate:.0} req/s",
+        args.duration
+    );
+    let follow = follow_log(&logs.join("tracer.log"));
+    let client_csv = work.path().join("loadgen-requests.csv");
+    let traced = loadgen(
+        &open_loop(
+            args.duration,
+            &[
+                "--warmup",
+                "0",
+                "--out",
+                &path_arg(&out.join("loadgen.json")),
+                "--requests-out",
+                &path_arg(&client_csv),
+            ],
+        ),
+        Duration::from_secs_f64(args.duration + 120.0),
+    );
+    let stopped = stop_tracer(&mut tracer);
+    follow.store(false, Ordering::SeqCst);
+    traced?;
+    stopped?;
+
+    for file in TRACER_FILES {
+        ensure!(
+            out.join(file).exists(),
+            "the tracer left no {file} in {}{}",
+            out.display(),
+            tracer.log_tail()
+        );
+    }
+
+    let facts = SessionFacts {
+        command: command_line(&args),
+        load: args.load,
+        delay_ms: args.delay_ms,
+        duration_s: args.duration,
+        warmup_s: args.warmup,
+        workers: args.workers,
+        sample_hz: args.sample_hz,
+        connections: CONNECTIONS,
+        max_rate,
+        max_rate_source,
+        target_rate,
+        pinning,
+        machine: Machine::collect(),
+    };
+    let readme = readme::write(&out, &facts)?;
+    compress_requests_csv(&out)?;
+    eprintln!(
+        "xtask: session written to {} in {:.0} s",
+        readme.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn path_arg(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// The command that reproduces the session, as the README shows it.
+fn command_line(args: &Args) -> String {
+    let mut line = format!(
+        "cargo xtask profile --load {} --delay-ms {} --duration {} --workers {}",
+        args.load, args.delay_ms, args.duration, args.workers
+    );
+    if let Some(out) = &args.out {
+        line += &format!(" --out {}", out.display());
+    }
+    line
+}
+
+/// `cargo build --release -p tracer`, reading the binary's path from cargo's messages.
+fn build_tracer() -> anyhow::Result<PathBuf> {
+    eprintln!("xtask: cargo build --release -p tracer");
+    let output = Command::new(env!("CARGO"))
+        .current_dir(procs::workspace_root())
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "tracer",
+            "--bin",
+            "tracer",
+            "--message-format",
+            "json-render-diagnostics",
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running cargo build -p tracer")?;
+    ensure!(
+        output.status.success(),
+        "cargo build --release -p tracer failed ({})",
+        output.status
+    );
+    output
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
+        .filter_map(|message| message["executable"].as_str().map(PathBuf::from))
+        .find(|path| path.file_name().is_some_and(|name| name == "tracer"))
+        .context("cargo build produced no `tracer` binary")
+}
+
+/// Starts `tracer record` on the load CPUs and waits until every program is attached.
+fn start_tracer(
+    bin: &Path,
+    args: &Args,
+    pid: u32,
+    out: &Path,
+    logs: &Path,
+) -> anyhow::Result<Proc> {
+    let flags = strings(&[
+        "record",
+        "--pid",
+        &pid.to_string(),
+        "--out",
+        &path_arg(out),
+        "--sample-hz",
+        &args.sample_hz.to_string(),
+        "--offcpu-stacks",
+    ]);
+    eprintln!("xtask: attaching the tracer to pid {pid}");
+    let tracer = Proc::spawn("tracer", Some(&args.load_cpus), bin, &flags, logs, false)?;
+    let log = logs.join("tracer.log");
+    let deadline = Instant::now() + TRACER_READY_TIMEOUT;
+    loop {
+        if fs::read_to_string(&log).is_ok_and(|text| text.contains(TRACER_READY)) {
+            return Ok(tracer);
+        }
+        if has_exited(tracer.pid()) {
+            bail!("the tracer exited before attaching{}", tracer.log_tail());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        if Instant::now() >= deadline {
+            bail!(
+                "the tracer did not attach within {TRACER_READY_TIMEOUT:?}{}",
+                tracer.log_tail()
+            );
+        }
+    }
+}
+
+/// Whether our child `pid` has exited (gone, or a zombie not yet reaped).
+fn has_exited(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// SIGINT (the tracer's Ctrl-C: drain, detach, report), then wait for it to write its files.
+fn stop_tracer(tracer: &mut Proc) -> anyhow::Result<()> {
+    // SAFETY: signalling our own, not yet reaped child.
+    unsafe { libc::kill(tracer.pid() as libc::pid_t, libc::SIGINT) };
+    let status = tracer.wait_timeout(TRACER_FINISH_TIMEOUT)?;
+    ensure!(
+        status.success(),
+        "the tracer failed ({status}){}",
+        tracer.log_tail()
+    );
+    Ok(())
+}
+
+/// Echoes new lines of `path` (the tracer's live progress) to stderr until the flag drops.
+fn follow_log(path: &Path) -> Arc<AtomicBool> {
+    let running = Arc::new(AtomicBool::new(true));
+    let flag = running.clone();
+    let path = path.to_owned();
+    std::thread::spawn(move || {
+        let mut offset = 0u64;
+        let mut pending = String::new();
+        while flag.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(250));
+            let Ok(mut file) = fs::File::open(&path) else {
+                continue;
+            };
+            if file.seek(SeekFrom::Start(offset)).is_err() {
+                continue;
+            }
+            let mut fresh = String::new();
+            if let Ok(read) = file.read_to_string(&mut fresh) {
+                offset += read as u64;
+                pending += &fresh;
+                while let Some(end) = pending.find('\n') {
+                    eprintln!("  │ {}", &pending[..end]);
+                    pending.drain(..=end);
+                }
+            }
+        }
+    });
+    running
+}
+
+/// requests.csv is ~10 MB for 30 s; the session keeps it gzipped (`gzip -n`: no timestamp,
+/// so the same rows give the same bytes).
+fn compress_requests_csv(out: &Path) -> anyhow::Result<()> {
+    let csv = out.join("requests.csv");
+    let _ = fs::remove_file(out.join("requests.csv.gz"));
+    let status = Command::new("gzip")
+        .args(["-9", "-n"])
+        .arg(&csv)
+        .status()
+        .context("running gzip")?;
+    ensure!(status.success(), "gzip {} failed ({status})", csv.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_checked() {
+        assert!(load_fraction("0.25").is_ok());
+        for bad in ["0", "-0.1", "2", "x", "NaN"] {
+            assert!(load_fraction(bad).is_err(), "{bad}");
+        }
+        assert!(seconds("0").is_err() && seconds("inf").is_err() && seconds("30").is_ok());
+        assert!(rate("0").is_err() && rate("1200.5").is_ok());
+    }
 }

@@ -1,0 +1,381 @@
+//! The session's README.md, written only from the session's own files (breakdown.json,
+//! requests.csv, loadgen.json, pictures.json): every figure in it can be recomputed from them.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, ensure};
+use serde_json::Value;
+
+use super::SessionFacts;
+
+/// The Phase 0 gate: p99 overhead below 1 ms.
+const GATE_US: f64 = 1_000.0;
+
+/// Per-request overheads from the tracer's requests.csv, in ns.
+#[derive(Debug, Default, PartialEq)]
+pub struct Overheads {
+    pub overhead: Vec<u64>,
+    /// Overhead minus ledger_fsync: what the gateway adds besides the disk's fdatasync.
+    pub non_fsync: Vec<u64>,
+}
+
+/// Reads requests.csv: `request_id, t_arrive_ns, t_done_ns`, then one column per part in ns
+/// (named `upstream` or `upstream_ns`, and so on).
+pub fn overheads(csv: &str) -> anyhow::Result<Overheads> {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .context("requests.csv is empty")?
+        .split(',')
+        .map(str::trim)
+        .collect();
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name || h.strip_suffix("_ns") == Some(name))
+            .with_context(|| {
+                format!(
+                    "requests.csv has no {name} column (header: {})",
+                    header.join(",")
+                )
+            })
+    };
+    let (arrive, done, upstream, fsync) = (
+        column("t_arrive")?,
+        column("t_done")?,
+        column("upstream")?,
+        column("ledger_fsync")?,
+    );
+    let mut out = Overheads::default();
+    for (number, line) in lines.enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let fields: Vec<&str> = line.split(',').collect();
+        let field = |i: usize| -> anyhow::Result<u64> {
+            fields
+                .get(i)
+                .and_then(|f| f.trim().parse().ok())
+                .with_context(|| {
+                    format!("requests.csv line {}: bad field {}", number + 2, header[i])
+                })
+        };
+        let total = field(done)?
+            .checked_sub(field(arrive)?)
+            .context("t_done before t_arrive")?;
+        let overhead = total.saturating_sub(field(upstream)?);
+        out.overhead.push(overhead);
+        out.non_fsync.push(overhead.saturating_sub(field(fsync)?));
+    }
+    out.overhead.sort_unstable();
+    out.non_fsync.sort_unstable();
+    Ok(out)
+}
+
+/// Nearest-rank percentile (p in per mille) of sorted values, in µs.
+fn pct_us(sorted: &[u64], permille: usize) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (permille * sorted.len())
+        .div_ceil(1000)
+        .clamp(1, sorted.len());
+    sorted[rank - 1] as f64 / 1e3
+}
+
+fn read_json(dir: &Path, name: &str) -> anyhow::Result<Value> {
+    let path = dir.join(name);
+    serde_json::from_slice(&fs::read(&path).with_context(|| format!("reading {}", path.display()))?)
+        .with_context(|| format!("parsing {}", path.display()))
+}
+
+fn num(value: &Value) -> String {
+    match value.as_f64() {
+        Some(x) if x.abs() >= 100.0 => format!("{x:.0}"),
+        Some(x) => format!("{x:.1}"),
+        None => "–".to_owned(),
+    }
+}
+
+/// A part's tail (or median) entries: either `tail.parts.NAME` or `tail.NAME`.
+fn view_parts(view: &Value) -> Vec<(String, f64, f64)> {
+    let parts = view.get("parts").filter(|p| p.is_object()).unwrap_or(view);
+    let mut rows: Vec<(String, f64, f64)> = parts
+        .as_object()
+        .map(|map| {
+            map.iter()
+                .filter_map(|(name, v)| {
+                    Some((
+                        name.clone(),
+                        v.get("mean_us")?.as_f64()?,
+                        v.get("share")?.as_f64()?,
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+    rows
+}
+
+/// Writes `dir/README.md` and returns its path.
+pub fn write(dir: &Path, facts: &SessionFacts) -> anyhow::Result<PathBuf> {
+    let breakdown = read_json(dir, "breakdown.json")?;
+    let loadgen = read_json(dir, "loadgen.json")?;
+    let pictures = read_json(dir, "pictures.json")?;
+    let csv = fs::read_to_string(dir.join("requests.csv")).context("reading requests.csv")?;
+    let overheads = overheads(&csv)?;
+    ensure!(
+        !overheads.overhead.is_empty(),
+        "requests.csv has no complete request"
+    );
+    let text = render(facts, &breakdown, &loadgen, &pictures, &overheads);
+    let path = dir.join("README.md");
+    fs::write(&path, text)?;
+    Ok(path)
+}
+
+fn render(
+    facts: &SessionFacts,
+    breakdown: &Value,
+    loadgen: &Value,
+    pictures: &Value,
+    o: &Overheads,
+) -> String {
+    let mut md = String::new();
+    let w = &mut md;
+    let _ = writeln!(
+        w,
+        "# Tail session: {:.0}% of max load, {} ms upstream\n",
+        facts.load * 100.0,
+        facts.delay_ms
+    );
+    let _ = writeln!(w, "    {}\n", facts.command);
+    let _ = writeln!(
+        w,
+        "Generated by `cargo xtask profile` from the files beside it; every figure below is read or"
+    );
+    let _ = writeln!(
+        w,
+        "computed from breakdown.json, requests.csv.gz, loadgen.json and pictures.json.\n"
+    );
+
+    let _ = writeln!(w, "## Settings\n");
+    let _ = writeln!(
+        w,
+        "- max rate: {:.0} req/s, from {}",
+        facts.max_rate, facts.max_rate_source
+    );
+    let _ = writeln!(
+        w,
+        "- target: {:.2} × max = {:.0} req/s open loop (latency from the scheduled send), {} connections",
+        facts.load, facts.target_rate, facts.connections
+    );
+    let _ = writeln!(
+        w,
+        "- achieved: {} req/s, {} requests sent, {} ok (loadgen.json)",
+        num(&loadgen["achieved_rate"]),
+        loadgen["sent"],
+        loadgen["ok"]
+    );
+    let _ = writeln!(
+        w,
+        "- traced window: {} s, after an untraced {} s warm-up at the target rate; the tracer attached before the traced load started",
+        facts.duration_s, facts.warmup_s
+    );
+    let _ = writeln!(
+        w,
+        "- upstream delay {} ms; gateway tokio workers {}; cpu-clock sampling {} Hz; off-CPU stacks on",
+        facts.delay_ms, facts.workers, facts.sample_hz
+    );
+    let _ = writeln!(w, "\n## Machine\n");
+    let _ = write!(w, "{}", facts.machine.markdown());
+    let _ = writeln!(w, "\n## CPU pinning\n");
+    let _ = writeln!(
+        w,
+        "| process | taskset -c | Cpus_allowed_list |\n|---|---|---|"
+    );
+    for (name, asked, applied) in &facts.pinning {
+        let _ = writeln!(w, "| {name} | {asked} | {applied} |");
+    }
+
+    let _ = writeln!(w, "\n## Breakdown (tracer, breakdown.json)\n");
+    let _ = writeln!(
+        w,
+        "{} complete requests, {} incomplete, {} lost events.\n",
+        breakdown["requests"], breakdown["incomplete"], breakdown["lost_events"]
+    );
+    let _ = writeln!(
+        w,
+        "| part | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | mean µs |\n|---|---|---|---|---|---|---|"
+    );
+    if let Some(parts) = breakdown["parts"].as_object() {
+        for (name, p) in parts {
+            let _ = writeln!(
+                w,
+                "| {name} | {} | {} | {} | {} | {} | {} |",
+                num(&p["p50_us"]),
+                num(&p["p90_us"]),
+                num(&p["p99_us"]),
+                num(&p["p999_us"]),
+                num(&p["max_us"]),
+                num(&p["mean_us"])
+            );
+        }
+    }
+
+    let tail = &breakdown["tail"];
+    let tail_rows = view_parts(tail);
+    let median = breakdown.get("median").map(view_parts).unwrap_or_default();
+    let _ = writeln!(
+        w,
+        "\n## Tail view\n\nThe {} requests with overhead above the p99 ({} µs): each part's mean and share of their overhead{}.\n",
+        tail["requests"],
+        num(&tail["threshold_us"]),
+        if median.is_empty() {
+            ""
+        } else {
+            ", beside the median band's"
+        }
+    );
+    let _ = writeln!(
+        w,
+        "| part | tail mean µs | tail share | median mean µs | median share |\n|---|---|---|---|---|"
+    );
+    for (name, mean, share) in &tail_rows {
+        let m = median.iter().find(|(n, _, _)| n == name);
+        let _ = writeln!(
+            w,
+            "| {name} | {mean:.1} | {:.1}% | {} | {} |",
+            share * 100.0,
+            m.map_or("–".to_owned(), |(_, mean, _)| format!("{mean:.1}")),
+            m.map_or("–".to_owned(), |(_, _, share)| format!(
+                "{:.1}%",
+                share * 100.0
+            ))
+        );
+    }
+
+    let _ = writeln!(w, "\n## Client view (loadgen.json)\n");
+    let latency = &loadgen["latency_us"];
+    if latency.is_object() {
+        let _ = writeln!(
+            w,
+            "Latency from the scheduled send: p50 {} µs, p99 {} µs, p99.9 {} µs, max {} µs; errors: {}.",
+            num(&latency["p50"]),
+            num(&latency["p99"]),
+            num(&latency["p999"]),
+            num(&latency["max"]),
+            loadgen["errors"]
+        );
+    } else {
+        let _ = writeln!(
+            w,
+            "See loadgen.json (no `latency_us` object found to quote)."
+        );
+    }
+
+    let _ = writeln!(w, "\n## Pictures\n");
+    let tail_n = &pictures["tail"]["requests"];
+    let median_n = &pictures["median_band"]["requests"];
+    for (file, what) in [
+        ("tail-oncpu.svg", format!("on-CPU samples of the {tail_n} tail requests ({} samples)", pictures["tail"]["samples"])),
+        ("all-oncpu.svg", format!("on-CPU samples of all {} requests ({} samples)", pictures["requests"], pictures["all_samples"])),
+        ("tail-offcpu.svg", format!("off-CPU ns of the tail requests, by stack at switch-out, writer fsync and signing included ({:.1} ms)", pictures["tail"]["offcpu_ns"].as_f64().unwrap_or(0.0) / 1e6)),
+        ("tail-diff.svg", format!("tail vs the {median_n} median-band requests (p45..p55), differential")),
+        ("trace.json", "the 20 slowest and 20 median requests on a timeline: open in https://ui.perfetto.dev or chrome://tracing".to_owned()),
+    ] {
+        let _ = writeln!(w, "- [{file}]({file}): {what}");
+    }
+    let _ = writeln!(
+        w,
+        "- folded stacks: tail-oncpu.folded, all-oncpu.folded, tail-offcpu.folded, median-oncpu.folded"
+    );
+    if pictures["kernel_symbols"] == Value::Bool(false) {
+        let _ = writeln!(
+            w,
+            "- kernel frames are unnamed: /proc/kallsyms showed no addresses to the tracer"
+        );
+    }
+
+    let _ = writeln!(w, "\n## Reading\n");
+    let (p50, p99, p999) = (
+        pct_us(&o.overhead, 500),
+        pct_us(&o.overhead, 990),
+        pct_us(&o.overhead, 999),
+    );
+    let (nf50, nf99) = (pct_us(&o.non_fsync, 500), pct_us(&o.non_fsync, 990));
+    let _ = writeln!(
+        w,
+        "- Overhead (total − upstream) over {} requests: p50 {p50:.1} µs, p99 {p99:.1} µs, p99.9 {p999:.1} µs (requests.csv).",
+        o.overhead.len()
+    );
+    if let [first, rest @ ..] = tail_rows.as_slice() {
+        let others: Vec<String> = rest
+            .iter()
+            .take(2)
+            .map(|(n, mean, share)| format!("{n} {:.0}% ({mean:.0} µs)", share * 100.0))
+            .collect();
+        let _ = writeln!(
+            w,
+            "- The tail is dominated by **{}**: {:.0}% of tail overhead on average ({:.0} µs per tail request); next: {}.",
+            first.0,
+            first.2 * 100.0,
+            first.1,
+            if others.is_empty() {
+                "none".to_owned()
+            } else {
+                others.join(", ")
+            }
+        );
+    }
+    let _ = writeln!(
+        w,
+        "- Without ledger_fsync (the disk's fdatasync, charged to the requests that waited on it), overhead is p50 {nf50:.1} µs, p99 {nf99:.1} µs: the 1 ms p99 gate {} for the non-fsync part.",
+        if nf99 < GATE_US {
+            "holds"
+        } else {
+            "does not hold"
+        }
+    );
+    let _ = writeln!(
+        w,
+        "- Probe effect and loss: {} lost events, {} incomplete requests (never attributed). The traced/untraced A/B is `cargo xtask validate`'s job.",
+        breakdown["lost_events"], breakdown["incomplete"]
+    );
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overheads_come_from_the_part_columns() {
+        let csv = "request_id,t_arrive_ns,t_done_ns,upstream_ns,scheduling_ns,ledger_fsync_ns\n\
+                   1,1000,5000,1000,2000,1000\n2,0,3000,0,1000,2000\n";
+        let o = overheads(csv).unwrap();
+        assert_eq!(o.overhead, [3000, 3000]);
+        assert_eq!(o.non_fsync, [1000, 2000]);
+        assert!(
+            overheads("request_id,t_arrive_ns\n").is_err(),
+            "missing columns are an error"
+        );
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let values: Vec<u64> = (1..=200).map(|v| v * 1000).collect();
+        assert_eq!(pct_us(&values, 990), 198.0);
+        assert_eq!(pct_us(&values, 550), 110.0);
+    }
+
+    #[test]
+    fn tail_parts_sort_by_share_in_either_layout() {
+        let nested: Value = serde_json::json!({ "parts": { "a": { "mean_us": 1.0, "share": 0.2 }, "b": { "mean_us": 3.0, "share": 0.8 } } });
+        let flat: Value = serde_json::json!({ "threshold_us": 5.0, "a": { "mean_us": 1.0, "share": 0.2 }, "b": { "mean_us": 3.0, "share": 0.8 } });
+        for view in [nested, flat] {
+            let names: Vec<String> = view_parts(&view).into_iter().map(|(n, _, _)| n).collect();
+            assert_eq!(names, ["b", "a"]);
+        }
+    }
+}
