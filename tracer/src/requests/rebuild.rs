@@ -14,6 +14,13 @@
 //!   scheduling; any other phase → unattributed.
 //! - Off-CPU charges come from every thread-state split of the request (the read before the
 //!   first poll and the response write after the last one as well as the polls).
+//! - A blocked switch-out gives two off-CPU charges with its stacks: `BlockedOther` until the
+//!   wakeup, `Scheduling` from the wakeup to the switch-in (the same split as the slices).
+//!   Charges inside the upstream span are dropped with the slices it overrides.
+//! - Hits: sites with the request's id, plus the writer sites, syscalls and sched events of
+//!   the batch that made its receipt durable; syscalls, socket and sched events on a thread
+//!   while it polls the request, or on its client or upstream fd while it is open; the
+//!   arrival's data-ready and the receive that read it; samples inside its polls.
 //! - One upstream phase per request; a second one makes the request incomplete.
 //! - A request breaks (→ `Incomplete`, emitted at once) on the first inconsistent event:
 //!   duplicate or unmatched poll/phase events, a begin for an id still open, events for an id
