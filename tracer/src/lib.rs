@@ -4,6 +4,10 @@
 pub mod requests;
 pub mod aggregate;
 pub mod report;
+pub mod attach;
+pub mod cli;
+pub mod events;
+pub mod record;
 pub mod flame;
 pub mod symbolize;
 pub mod timeline;

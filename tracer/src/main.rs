@@ -1,1 +1,8 @@
-fn main() {}
+use clap::Parser as _;
+use tracer::cli::{Cli, Command};
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Record(args) => tracer::record::run(&args),
+    }
+}

@@ -1,0 +1,118 @@
+//! Maps shared by every program, and the target filter and event emitter they all use.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
+};
+use tracer_ebpf::{
+    abi::{Config, Event, LOSS_SLOT, Loss},
+    tracepoints::Field,
+};
+
+/// Default ring size; user space overrides it (`--ring-mib`) before loading.
+const DEFAULT_RING_BYTES: u32 = 1 << 24;
+
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
+
+#[map]
+pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static LOSS: PerCpuArray<Loss> = PerCpuArray::with_max_entries(1, 0);
+
+/// Threads of the target: seeded from /proc/PID/task, extended by fork and in-context events.
+/// Needed where the program runs in another task's context (switch-in, wakeup).
+#[map]
+pub static TIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+
+/// Sockets the target has touched (sk pointer → last fd sent, `u64::MAX` if not yet known).
+#[map]
+pub static TARGET_SOCKS: HashMap<u64, u64> = HashMap::with_max_entries(65536, 0);
+
+/// Local TCP ports the target listens on (host byte order).
+#[map]
+pub static LISTEN_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(64, 0);
+
+#[map]
+pub static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
+
+/// The target's tgid, or `None` before user space wrote `CONFIG`.
+#[inline(always)]
+pub fn config() -> Option<&'static Config> {
+    CONFIG.get(0).filter(|config| config.tgid != 0)
+}
+
+/// (tgid, tid) of the current task.
+#[inline(always)]
+pub fn current() -> (u32, u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    ((pid_tgid >> 32) as u32, pid_tgid as u32)
+}
+
+/// The current thread's tid if it belongs to the target.
+#[inline(always)]
+pub fn current_target_tid() -> Option<u32> {
+    let config = config()?;
+    let (tgid, tid) = current();
+    (tgid == config.tgid).then_some(tid)
+}
+
+#[inline(always)]
+pub fn is_target_tid(tid: u32) -> bool {
+    // SAFETY: the value is a plain u8 and is only read, not kept.
+    unsafe { TIDS.get(tid) }.is_some()
+}
+
+#[inline(always)]
+pub fn now() -> u64 {
+    // SAFETY: no preconditions.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// Writes one event, or counts it as lost when the ring is full.
+#[inline(always)]
+pub fn emit(ts_ns: u64, tid: u32, kind: u16, sub: u16, args: [u64; 3]) {
+    match EVENTS.reserve::<Event>(0) {
+        Some(mut entry) => {
+            entry.write(Event {
+                ts_ns,
+                tid,
+                kind,
+                sub,
+                args,
+            });
+            entry.submit(0);
+        }
+        None => {
+            if let Some(loss) = LOSS.get_ptr_mut(LOSS_SLOT) {
+                // SAFETY: a per-CPU slot, only touched by programs on this CPU, which do not
+                // preempt each other.
+                unsafe {
+                    (*loss).count += 1;
+                    (*loss).last_ts_ns = ts_ns;
+                }
+            }
+        }
+    }
+}
+
+/// Reads a field of a classic tracepoint record directly from the context. The verifier
+/// bounds-checks these reads; offsets are verified against tracefs at attach time.
+#[inline(always)]
+pub fn field<T: Copy>(ctx: &aya_ebpf::programs::TracePointContext, field: Field) -> T {
+    use aya_ebpf::EbpfContext as _;
+    // SAFETY: tracepoint contexts are readable in place for the record's size; the offset is a
+    // compile-time constant the user side checked against the tracepoint's format file.
+    unsafe { core::ptr::read(ctx.as_ptr().cast::<u8>().add(field.offset).cast::<T>()) }
+}
+
+/// A stack id, or -1 when the stack could not be taken (the event still goes out).
+#[inline(always)]
+pub fn stack_id<C: aya_ebpf::programs::tracing::StackIdContext>(ctx: &C, flags: u64) -> u64 {
+    match ctx.get_stackid(&STACKS, flags) {
+        Ok(id) => id as u64,
+        Err(_) => -1i64 as u64,
+    }
+}

@@ -1,0 +1,86 @@
+//! Socket tracepoints: learn which `struct sock` is which fd of the target (in its context),
+//! then report data arrival on those sockets from any context.
+
+use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use tracer_ebpf::{
+    abi::{kind, syscall},
+    tracepoints::{
+        DATA_READY_SKADDR, LENGTH_SK, SET_STATE_NEWSTATE, SET_STATE_PROTOCOL, SET_STATE_SKADDR,
+        SET_STATE_SPORT,
+    },
+};
+
+use super::{
+    maps::{LISTEN_PORTS, TARGET_SOCKS, current_target_tid, emit, field, now},
+    syscalls::in_flight,
+};
+
+const TCP_ESTABLISHED: i32 = 1;
+const IPPROTO_TCP: u16 = 6;
+/// The fd of a socket seen only from softirq (a new connection not yet read).
+const FD_UNKNOWN: u64 = u64::MAX;
+
+#[inline(always)]
+fn sock_io(ctx: &TracePointContext, receive: bool) -> u32 {
+    let Some(tid) = current_target_tid() else {
+        return 0;
+    };
+    let Some(call) = in_flight(tid) else {
+        return 0;
+    };
+    // BPF has no indirect calls, so the family is a flag rather than a predicate.
+    let in_family = if receive {
+        syscall::is_receive(call.id)
+    } else {
+        syscall::is_send(call.id)
+    };
+    if !in_family {
+        return 0;
+    }
+    let sk: u64 = field(ctx, LENGTH_SK);
+    // SAFETY: copied out at once.
+    if unsafe { TARGET_SOCKS.get(sk) }.copied() == Some(call.fd) {
+        return 0;
+    }
+    let _ = TARGET_SOCKS.insert(sk, call.fd, 0);
+    emit(now(), tid, kind::SOCK_FD, 0, [sk, call.fd, 0]);
+    0
+}
+
+#[tracepoint]
+pub fn sock_recv_length(ctx: TracePointContext) -> u32 {
+    sock_io(&ctx, true)
+}
+
+#[tracepoint]
+pub fn sock_send_length(ctx: TracePointContext) -> u32 {
+    sock_io(&ctx, false)
+}
+
+#[tracepoint]
+pub fn sk_data_ready(ctx: TracePointContext) -> u32 {
+    let sk: u64 = field(&ctx, DATA_READY_SKADDR);
+    // SAFETY: only tested for presence.
+    if unsafe { TARGET_SOCKS.get(sk) }.is_some() {
+        emit(now(), 0, kind::DATA_READY, 0, [sk, 0, 0]);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
+    let newstate: i32 = field(&ctx, SET_STATE_NEWSTATE);
+    let protocol: u16 = field(&ctx, SET_STATE_PROTOCOL);
+    if newstate != TCP_ESTABLISHED || protocol != IPPROTO_TCP {
+        return 0;
+    }
+    let sport: u16 = field(&ctx, SET_STATE_SPORT);
+    // SAFETY: only tested for presence.
+    if unsafe { LISTEN_PORTS.get(sport) }.is_none() {
+        return 0;
+    }
+    let sk: u64 = field(&ctx, SET_STATE_SKADDR);
+    let _ = TARGET_SOCKS.insert(sk, FD_UNKNOWN, 0);
+    emit(now(), 0, kind::ESTABLISHED, 0, [sk, u64::from(sport), 0]);
+    0
+}

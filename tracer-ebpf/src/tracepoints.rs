@@ -1,0 +1,120 @@
+//! Field offsets of the classic tracepoints the kernel programs read, shared with user space,
+//! which checks every one against `/sys/kernel/tracing/events/<category>/<name>/format` before
+//! attaching (a kernel with another layout fails with a clear error instead of reading junk).
+
+/// One field the kernel programs read: where, and how wide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Field {
+    pub name: &'static str,
+    pub offset: usize,
+    pub size: usize,
+}
+
+/// The fields one tracepoint's program reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub category: &'static str,
+    pub name: &'static str,
+    pub fields: &'static [Field],
+}
+
+const fn field(name: &'static str, offset: usize, size: usize) -> Field {
+    Field { name, offset, size }
+}
+
+/// `fd` (arg 0) of every traced `syscalls:sys_enter_*`.
+pub const SYS_ENTER_FD: Field = field("fd", 16, 8);
+/// `ret` of every traced `syscalls:sys_exit_*`.
+pub const SYS_EXIT_RET: Field = field("ret", 16, 8);
+
+/// `sock:sock_recv_length` and `sock:sock_send_length`.
+pub const LENGTH_SK: Field = field("sk", 8, 8);
+/// `sock:sk_data_ready`.
+pub const DATA_READY_SKADDR: Field = field("skaddr", 8, 8);
+/// `sock:inet_sock_set_state`.
+pub const SET_STATE_SKADDR: Field = field("skaddr", 8, 8);
+pub const SET_STATE_NEWSTATE: Field = field("newstate", 20, 4);
+pub const SET_STATE_SPORT: Field = field("sport", 24, 2);
+pub const SET_STATE_PROTOCOL: Field = field("protocol", 30, 2);
+
+/// `sched:sched_switch`.
+pub const SWITCH_PREV_STATE: Field = field("prev_state", 32, 8);
+pub const SWITCH_NEXT_PID: Field = field("next_pid", 56, 4);
+/// `sched:sched_wakeup` and `sched:sched_wakeup_new`.
+pub const WAKEUP_PID: Field = field("pid", 24, 4);
+/// `sched:sched_process_fork`.
+pub const FORK_CHILD_PID: Field = field("child_pid", 20, 4);
+
+/// `prev_state` of sched_switch: bits below TASK_REPORT_MAX are the sleep state; a task
+/// switched out while runnable reports 0 ("R", e.g. sched_yield) or TASK_REPORT_MAX ("R+",
+/// preempted). User space derives TASK_REPORT_MAX from the print fmt and checks it is this.
+pub const TASK_REPORT_MAX: i64 = 0x100;
+
+pub const SOCK_LAYOUTS: [Layout; 4] = [
+    Layout {
+        category: "sock",
+        name: "sock_recv_length",
+        fields: &[LENGTH_SK],
+    },
+    Layout {
+        category: "sock",
+        name: "sock_send_length",
+        fields: &[LENGTH_SK],
+    },
+    Layout {
+        category: "sock",
+        name: "sk_data_ready",
+        fields: &[DATA_READY_SKADDR],
+    },
+    Layout {
+        category: "sock",
+        name: "inet_sock_set_state",
+        fields: &[
+            SET_STATE_SKADDR,
+            SET_STATE_NEWSTATE,
+            SET_STATE_SPORT,
+            SET_STATE_PROTOCOL,
+        ],
+    },
+];
+
+pub const SCHED_LAYOUTS: [Layout; 4] = [
+    Layout {
+        category: "sched",
+        name: "sched_switch",
+        fields: &[SWITCH_PREV_STATE, SWITCH_NEXT_PID],
+    },
+    Layout {
+        category: "sched",
+        name: "sched_wakeup",
+        fields: &[WAKEUP_PID],
+    },
+    Layout {
+        category: "sched",
+        name: "sched_wakeup_new",
+        fields: &[WAKEUP_PID],
+    },
+    Layout {
+        category: "sched",
+        name: "sched_process_fork",
+        fields: &[FORK_CHILD_PID],
+    },
+];
+
+/// The traced syscalls: (name as in `sys_enter_<name>`, `abi::syscall` id).
+pub const SYSCALLS: [(&str, u16); 11] = {
+    use crate::abi::syscall::*;
+    [
+        ("accept", ACCEPT),
+        ("accept4", ACCEPT),
+        ("read", READ),
+        ("readv", READV),
+        ("recvfrom", RECVFROM),
+        ("write", WRITE),
+        ("writev", WRITEV),
+        ("sendto", SENDTO),
+        ("connect", CONNECT),
+        ("fsync", FSYNC),
+        ("fdatasync", FDATASYNC),
+    ]
+};

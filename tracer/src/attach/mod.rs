@@ -1,0 +1,187 @@
+//! Load the kernel programs, point them at the target, and attach every hook. One file per
+//! kernel program group (`tracer-ebpf/src/programs/*.rs`), plus detection, tracefs checks and
+//! the target's discovery. Dropping the [`Session`] detaches and unloads everything.
+
+pub mod detect;
+pub mod preflight;
+pub mod samples;
+pub mod sched;
+pub mod sites;
+pub mod sockets;
+pub mod syscalls;
+pub mod target;
+pub mod tracefs;
+
+use std::fmt;
+
+use anyhow::{Context as _, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::TracePoint,
+};
+use tracer_ebpf::abi::{Config, Loss};
+
+use self::target::Target;
+
+/// The kernel programs, built by build.rs.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
+
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub sample_hz: u64,
+    /// Ring buffer size: a power of two, at least a page.
+    pub ring_bytes: u32,
+    pub offcpu_stacks: bool,
+}
+
+/// How one group of hooks is attached, for the startup lines and breakdown.json.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttachMode {
+    pub group: &'static str,
+    pub mode: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Display for AttachMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:<9} {:<11} {}", self.group, self.mode, self.detail)
+    }
+}
+
+/// Everything loaded and attached. Maps taken out with `take_*` outlive it.
+pub struct Session {
+    ebpf: Ebpf,
+    pub modes: Vec<AttachMode>,
+}
+
+impl Session {
+    pub fn attach(target: &Target, options: &Options) -> anyhow::Result<Session> {
+        if OBJECT.is_empty() {
+            bail!("this tracer was built with AYA_BUILD_SKIP=1 and has no eBPF programs");
+        }
+        tracefs::ensure_mounted()?;
+        syscalls::check()?;
+        sockets::check()?;
+        sched::check()?;
+
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("EVENTS", options.ring_bytes)
+            .load(OBJECT)
+            .context("loading the eBPF object")?;
+        let detected = detect::detect(&mut ebpf);
+
+        let config = Config {
+            tgid: target.pid.get(),
+            offcpu_stacks: u32::from(options.offcpu_stacks),
+        };
+        Array::<_, Config>::try_from(map(&mut ebpf, "CONFIG")?)?.set(0, config, 0)?;
+        let mut ports = HashMap::<_, u16, u8>::try_from(map(&mut ebpf, "LISTEN_PORTS")?)?;
+        let listen_ports = target.listen_ports()?;
+        for &port in &listen_ports {
+            ports.insert(port, 1, 0)?;
+        }
+
+        sched::attach_fork(&mut ebpf)?;
+        let mut tids = HashMap::<_, u32, u8>::try_from(map(&mut ebpf, "TIDS")?)?;
+        let seeded = target.tids()?;
+        for &tid in &seeded {
+            tids.insert(tid, 1, 0)?;
+        }
+
+        let alternatives = detected.alternatives();
+        let mut modes = Vec::new();
+        let n = sched::attach_rest(&mut ebpf)?;
+        modes.push(AttachMode {
+            group: "sched",
+            mode: "tracepoint",
+            detail: format!(
+                "{n} sched:* (tp_btf not needed); {} threads seeded",
+                seeded.len()
+            ),
+        });
+        let n = syscalls::attach(&mut ebpf)?;
+        modes.push(AttachMode {
+            group: "syscalls",
+            mode: "tracepoint",
+            detail: format!("{n} syscalls:sys_{{enter,exit}}_*; {alternatives}"),
+        });
+        let n = sockets::attach(&mut ebpf)?;
+        let ports: Vec<String> = listen_ports.iter().map(u16::to_string).collect();
+        modes.push(AttachMode {
+            group: "sockets",
+            mode: "tracepoint",
+            detail: format!(
+                "{n} sock:*; listening ports [{}]; {alternatives}",
+                ports.join(", ")
+            ),
+        });
+        let n = sites::attach(&mut ebpf, target)?;
+        modes.push(AttachMode {
+            group: "sites",
+            mode: "uprobe",
+            detail: format!("{n} probe sites in {}", target.exe.display()),
+        });
+        if options.sample_hz > 0 {
+            let cpus = samples::attach(&mut ebpf, options.sample_hz)?;
+            modes.push(AttachMode {
+                group: "samples",
+                mode: "perf_event",
+                detail: format!("cpu-clock {} Hz on {cpus} CPUs", options.sample_hz),
+            });
+        }
+        Ok(Session { ebpf, modes })
+    }
+
+    /// Kernel ids of the loaded programs, so a test can check none outlives the session.
+    pub fn program_ids(&self) -> Vec<u32> {
+        self.ebpf
+            .programs()
+            .filter_map(|(_, program)| program.info().ok())
+            .map(|info| info.id())
+            .collect()
+    }
+
+    pub fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+        Ok(RingBuf::try_from(take(&mut self.ebpf, "EVENTS")?)?)
+    }
+
+    pub fn take_loss(&mut self) -> anyhow::Result<PerCpuArray<MapData, Loss>> {
+        Ok(PerCpuArray::try_from(take(&mut self.ebpf, "LOSS")?)?)
+    }
+
+    /// Detaches every link and unloads every program (what dropping does, said out loud).
+    pub fn detach(self) {
+        drop(self.ebpf);
+    }
+}
+
+fn map<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::maps::Map> {
+    ebpf.map_mut(name)
+        .with_context(|| format!("map {name} missing from the eBPF object"))
+}
+
+fn take(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<aya::maps::Map> {
+    ebpf.take_map(name)
+        .with_context(|| format!("map {name} missing from the eBPF object"))
+}
+
+/// Loads program `program` and attaches it to `category:name`.
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    program: &str,
+    category: &str,
+    name: &str,
+) -> anyhow::Result<()> {
+    let tracepoint: &mut TracePoint = ebpf
+        .program_mut(program)
+        .with_context(|| format!("{program} missing from the eBPF object"))?
+        .try_into()?;
+    tracepoint
+        .load()
+        .with_context(|| format!("loading {program}"))?;
+    tracepoint
+        .attach(category, name)
+        .with_context(|| format!("attaching {category}:{name}"))?;
+    Ok(())
+}

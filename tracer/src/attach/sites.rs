@@ -1,0 +1,58 @@
+//! Attach `programs/sites.rs`: one uprobe per probe site, by symbol, scoped to the target.
+
+use std::num::NonZeroU32;
+
+use anyhow::Context as _;
+use aya::{
+    Ebpf,
+    programs::{UProbe, uprobe::UProbeScope},
+};
+use tracer_ebpf::sites::Site;
+
+use super::target::Target;
+
+/// The kernel program for a site: `gw_probe_<x>` → `site_<x>`.
+pub fn program_name(site: Site) -> String {
+    let symbol = site.symbol();
+    format!(
+        "site_{}",
+        symbol.strip_prefix("gw_probe_").unwrap_or(symbol)
+    )
+}
+
+pub fn attach(ebpf: &mut Ebpf, target: &Target) -> anyhow::Result<usize> {
+    for site in Site::ALL {
+        attach_one(
+            ebpf,
+            &program_name(site),
+            site.symbol(),
+            &target.exe,
+            target.pid,
+        )
+        .with_context(|| format!("probe site {}", site.symbol()))?;
+    }
+    Ok(Site::ALL.len())
+}
+
+/// Loads (once) and attaches one site program to `symbol` of `binary` for process `pid`.
+pub fn attach_one(
+    ebpf: &mut Ebpf,
+    program: &str,
+    symbol: &str,
+    binary: &std::path::Path,
+    pid: NonZeroU32,
+) -> anyhow::Result<()> {
+    let uprobe: &mut UProbe = ebpf
+        .program_mut(program)
+        .with_context(|| format!("{program} missing from the eBPF object"))?
+        .try_into()?;
+    if uprobe.fd().is_err() {
+        uprobe
+            .load()
+            .with_context(|| format!("loading {program}"))?;
+    }
+    uprobe
+        .attach(symbol, binary, UProbeScope::OneProcess(pid))
+        .with_context(|| format!("attaching uprobe to {symbol} in {}", binary.display()))?;
+    Ok(())
+}

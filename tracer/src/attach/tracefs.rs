@@ -1,0 +1,203 @@
+//! tracefs: mounted or mounted by us, and the format files that the kernel programs' field
+//! offsets ([`tracer_ebpf::tracepoints`]) are checked against.
+
+use std::{fs, path::Path};
+
+use anyhow::{Context as _, bail};
+use tracer_ebpf::tracepoints::{Field, Layout, TASK_REPORT_MAX};
+
+pub const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// aya finds tracepoint ids through tracefs; mount it when the machine has not.
+pub fn ensure_mounted() -> anyhow::Result<()> {
+    if Path::new(TRACEFS).join("events").is_dir() {
+        return Ok(());
+    }
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tracefs", "nodev", TRACEFS])
+        .status()
+        .context("running mount -t tracefs")?;
+    if !status.success() || !Path::new(TRACEFS).join("events").is_dir() {
+        bail!("tracefs is not mounted at {TRACEFS} and `mount -t tracefs nodev {TRACEFS}` failed");
+    }
+    eprintln!("tracer: mounted tracefs at {TRACEFS}");
+    Ok(())
+}
+
+/// One `field:` line of a format file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FormatField {
+    pub name: String,
+    pub offset: usize,
+    pub size: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Format {
+    pub fields: Vec<FormatField>,
+    pub print_fmt: String,
+}
+
+pub fn read_format(category: &str, name: &str) -> anyhow::Result<Format> {
+    let path = format!("{TRACEFS}/events/{category}/{name}/format");
+    let text = fs::read_to_string(&path)
+        .with_context(|| format!("reading {path}: tracepoint {category}:{name} missing?"))?;
+    parse_format(&text).with_context(|| format!("parsing {path}"))
+}
+
+pub fn parse_format(text: &str) -> anyhow::Result<Format> {
+    let mut format = Format::default();
+    for line in text.lines().map(str::trim) {
+        if let Some(fmt) = line.strip_prefix("print fmt:") {
+            format.print_fmt = fmt.trim().to_owned();
+            continue;
+        }
+        let Some(rest) = line.strip_prefix("field:") else {
+            continue;
+        };
+        let mut parts = rest.split(';').map(str::trim);
+        let decl = parts.next().unwrap_or_default();
+        let name = decl.split_whitespace().last().unwrap_or_default();
+        let name = name.split('[').next().unwrap_or_default().to_owned();
+        let mut number = |key: &str| -> anyhow::Result<usize> {
+            let item = parts.next().unwrap_or_default();
+            let value = item
+                .strip_prefix(key)
+                .with_context(|| format!("expected `{key}` in `{line}`"))?;
+            Ok(value.parse()?)
+        };
+        let offset = number("offset:")?;
+        let size = number("size:")?;
+        format.fields.push(FormatField { name, offset, size });
+    }
+    Ok(format)
+}
+
+/// Fails, naming the field, if a tracepoint's layout is not what the kernel programs read.
+pub fn check_layout(layout: &Layout) -> anyhow::Result<Format> {
+    let format = read_format(layout.category, layout.name)?;
+    check_fields(&format, layout.category, layout.name, layout.fields)?;
+    Ok(format)
+}
+
+pub fn check_fields(
+    format: &Format,
+    category: &str,
+    name: &str,
+    fields: &[Field],
+) -> anyhow::Result<()> {
+    for want in fields {
+        match format.fields.iter().find(|f| f.name == want.name) {
+            Some(f) if f.offset == want.offset && f.size == want.size => {}
+            Some(f) => bail!(
+                "{category}:{name} field `{}` is at offset {} size {} on this kernel, but the \
+                 kernel programs read offset {} size {}; rebuild tracer-ebpf for this layout",
+                want.name,
+                f.offset,
+                f.size,
+                want.offset,
+                want.size
+            ),
+            None => bail!(
+                "{category}:{name} has no field `{}` on this kernel",
+                want.name
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// TASK_REPORT_MAX as the kernel encodes it in sched_switch's print fmt:
+/// `REC->prev_state & (((0x0 | 0x1 | ... | 0x40) + 1) << 1) ? "+" : ""`.
+pub fn task_report_max(print_fmt: &str) -> anyhow::Result<i64> {
+    let tail = print_fmt
+        .find(r#") ? "+" : """#)
+        .map(|end| &print_fmt[..end])
+        .context("sched_switch print fmt has no preempted (\"+\") marker")?;
+    let start = tail
+        .rfind("REC->prev_state & (")
+        .context("sched_switch print fmt does not mask prev_state for the preempted marker")?;
+    let expr = &tail[start..];
+    if !expr.contains("+ 1) << 1") {
+        bail!("unexpected TASK_REPORT_MAX expression in sched_switch print fmt: {expr}");
+    }
+    let mut states = 0i64;
+    for token in expr.split(|c: char| !c.is_ascii_alphanumeric()) {
+        if let Some(hex) = token.strip_prefix("0x") {
+            states |= i64::from_str_radix(hex, 16)?;
+        }
+    }
+    Ok((states + 1) << 1)
+}
+
+pub fn check_task_report_max(print_fmt: &str) -> anyhow::Result<()> {
+    let found = task_report_max(print_fmt)?;
+    if found != TASK_REPORT_MAX {
+        bail!(
+            "sched_switch reports preempted tasks as prev_state {found:#x} on this kernel, \
+             the kernel programs expect {TASK_REPORT_MAX:#x}"
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SWITCH: &str = r#"name: sched_switch
+ID: 316
+format:
+	field:unsigned short common_type;	offset:0;	size:2;	signed:0;
+	field:char prev_comm[16];	offset:8;	size:16;	signed:0;
+	field:pid_t prev_pid;	offset:24;	size:4;	signed:1;
+	field:long prev_state;	offset:32;	size:8;	signed:1;
+	field:pid_t next_pid;	offset:56;	size:4;	signed:1;
+
+print fmt: "prev_state=%s%s", (REC->prev_state & ((((0x00000000 | 0x00000001 | 0x00000002 | 0x00000004 | 0x00000008 | 0x00000010 | 0x00000020 | 0x00000040) + 1) << 1) - 1)) ? __print_flags(REC->prev_state & ((((0x00000000 | 0x00000001 | 0x00000002 | 0x00000004 | 0x00000008 | 0x00000010 | 0x00000020 | 0x00000040) + 1) << 1) - 1), "|", { 0x00000001, "S" }) : "R", REC->prev_state & (((0x00000000 | 0x00000001 | 0x00000002 | 0x00000004 | 0x00000008 | 0x00000010 | 0x00000020 | 0x00000040) + 1) << 1) ? "+" : "", REC->next_comm"#;
+
+    #[test]
+    fn parses_fields_and_array_names() {
+        let format = parse_format(SWITCH).unwrap();
+        let comm = FormatField {
+            name: "prev_comm".into(),
+            offset: 8,
+            size: 16,
+        };
+        assert_eq!(format.fields[1], comm);
+        let state = FormatField {
+            name: "prev_state".into(),
+            offset: 32,
+            size: 8,
+        };
+        assert_eq!(format.fields[3], state);
+    }
+
+    #[test]
+    fn derives_task_report_max() {
+        let format = parse_format(SWITCH).unwrap();
+        assert_eq!(task_report_max(&format.print_fmt).unwrap(), 0x100);
+        check_task_report_max(&format.print_fmt).unwrap();
+    }
+
+    #[test]
+    fn layout_mismatch_names_the_field() {
+        let format = parse_format(SWITCH).unwrap();
+        let moved = [Field {
+            name: "next_pid",
+            offset: 60,
+            size: 4,
+        }];
+        let err = check_fields(&format, "sched", "sched_switch", &moved).unwrap_err();
+        assert!(
+            err.to_string().contains("`next_pid` is at offset 56"),
+            "{err}"
+        );
+        let missing = [Field {
+            name: "nope",
+            offset: 0,
+            size: 4,
+        }];
+        assert!(check_fields(&format, "sched", "sched_switch", &missing).is_err());
+    }
+}

@@ -1,0 +1,131 @@
+//! From the ring buffer to an ordered event stream: read records, decode them into
+//! [`Event`]s, reorder them by timestamp, and interleave loss spans from the kernel's LOSS
+//! counters, so that the consumer sees every loss before any event newer than its start.
+
+pub mod decode;
+pub mod loss;
+pub mod reorder;
+
+use std::os::fd::{AsRawFd as _, RawFd};
+
+use aya::maps::{MapData, RingBuf};
+use tracer_ebpf::abi::Event;
+
+use self::{loss::LossPoller, reorder::Reorder};
+
+/// Where the ordered stream goes (the rebuild, or a counter in tests).
+pub trait EventSink {
+    /// Events in non-decreasing `ts_ns` order.
+    fn push(&mut self, event: &Event);
+    /// Events may be missing in `[from_ns, to_ns]`. Called before any event newer than
+    /// `from_ns` is pushed.
+    fn lost(&mut self, from_ns: u64, to_ns: u64);
+}
+
+/// How long an event is held for stragglers from other CPUs.
+pub const DEFAULT_WINDOW_NS: u64 = 20_000_000;
+/// How often the LOSS counters are read.
+pub const LOSS_POLL_NS: u64 = 100_000_000;
+
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counters {
+    pub events: u64,
+    /// Records whose size is not `size_of::<Event>()`.
+    pub malformed: u64,
+}
+
+pub struct EventStream {
+    ring: RingBuf<MapData>,
+    loss: LossPoller,
+    reorder: Reorder,
+    window_ns: u64,
+    pub counters: Counters,
+}
+
+impl EventStream {
+    pub fn new(ring: RingBuf<MapData>, loss: PerCpuArrayLoss, window_ns: u64) -> Self {
+        EventStream {
+            ring,
+            loss: LossPoller::new(loss, monotonic_ns()),
+            reorder: Reorder::default(),
+            window_ns,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The ring's fd, readable when records are waiting.
+    pub fn ring_fd(&self) -> RawFd {
+        self.ring.as_raw_fd()
+    }
+
+    pub fn lost_events(&self) -> u64 {
+        self.loss.total()
+    }
+
+    pub fn late_events(&self) -> u64 {
+        self.reorder.late
+    }
+
+    pub fn held(&self) -> usize {
+        self.reorder.len()
+    }
+
+    /// Reads what the ring holds, polls loss when due, and releases to `sink` every event older
+    /// than both the window and the point after which unreported losses may lie.
+    pub fn pump(&mut self, sink: &mut impl EventSink) -> anyhow::Result<()> {
+        // Read the clock before draining: anything stamped before `now - window` is in the
+        // ring by now (a program runs for microseconds between its stamp and its submit).
+        let now = monotonic_ns();
+        self.drain_ring();
+        if now.saturating_sub(self.loss.last_poll_ns()) >= LOSS_POLL_NS {
+            self.poll_loss(now, sink)?;
+        }
+        let watermark = now
+            .max(self.reorder.newest_ns())
+            .saturating_sub(self.window_ns)
+            .min(self.loss.settled_ns());
+        self.reorder.release(watermark, |event| sink.push(event));
+        Ok(())
+    }
+
+    /// After the programs are detached: read the rest, account the last losses, hand over all.
+    pub fn finish(&mut self, sink: &mut impl EventSink) -> anyhow::Result<()> {
+        self.drain_ring();
+        self.poll_loss(monotonic_ns(), sink)?;
+        self.reorder.flush(|event| sink.push(event));
+        Ok(())
+    }
+
+    fn drain_ring(&mut self) {
+        while let Some(record) = self.ring.next() {
+            match decode::decode(&record) {
+                Some(event) => {
+                    self.counters.events += 1;
+                    self.reorder.push(event);
+                }
+                None => self.counters.malformed += 1,
+            }
+        }
+    }
+
+    fn poll_loss(&mut self, now: u64, sink: &mut impl EventSink) -> anyhow::Result<()> {
+        if let Some((from, to)) = self.loss.poll(now)? {
+            // Everything older than `from` may go first, so the sink sees the span in order.
+            self.reorder.release(from, |event| sink.push(event));
+            sink.lost(from, to);
+        }
+        Ok(())
+    }
+}
+
+type PerCpuArrayLoss = aya::maps::PerCpuArray<MapData, tracer_ebpf::abi::Loss>;

@@ -1,0 +1,210 @@
+//! Shared by the attach_* integration tests: a root check that skips loudly, and a fixture
+//! target that has every probe site and does real socket, file and scheduler work.
+//!
+//! The fixture is the test binary itself: the `fixture_child` test re-executed with
+//! `TRACER_FIXTURE_SECS` set runs the workload, so the probe-site symbols the tracer looks for
+//! are in the very binary it attaches to.
+
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different subset; `expect` would fail in the other"
+)]
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    os::fd::AsRawFd as _,
+    path::Path,
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+pub const FIXTURE_ENV: &str = "TRACER_FIXTURE_SECS";
+
+pub fn is_root() -> bool {
+    // SAFETY: no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Prints why and returns false when the test cannot run here.
+pub fn require_root(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    eprintln!("SKIPPED {test}: needs root (eBPF); CI runs it as root");
+    false
+}
+
+pub fn tracer() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tracer"))
+}
+
+pub fn run_tracer(args: &[&str]) -> Output {
+    tracer()
+        .args(args)
+        .output()
+        .expect("running the tracer binary")
+}
+
+macro_rules! probe_site {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        #[unsafe(naked)]
+        pub extern "C" fn $name(_a0: u64, _a1: u64, _a2: u64) {
+            core::arch::naked_asm!(".byte 0x0f, 0x1f, 0x44, 0x00, 0x00", "ret")
+        }
+    };
+}
+
+probe_site!(gw_probe_request_begin);
+probe_site!(gw_probe_request_end);
+probe_site!(gw_probe_phase_begin);
+probe_site!(gw_probe_phase_end);
+probe_site!(gw_probe_poll_enter);
+probe_site!(gw_probe_poll_exit);
+probe_site!(gw_probe_ledger_enqueue);
+probe_site!(gw_probe_batch_begin);
+probe_site!(gw_probe_sign_begin);
+probe_site!(gw_probe_sign_end);
+probe_site!(gw_probe_commit_begin);
+probe_site!(gw_probe_commit_end);
+probe_site!(gw_probe_receipt_durable);
+
+/// The fixture's workload, for `secs` seconds: a client thread opens a new loopback connection
+/// per request; the server accepts, reads, hits the sites, fdatasyncs, answers, yields.
+pub fn fixture_main(secs: f64) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    println!("listening {addr}");
+    std::io::stdout().flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let client = std::thread::spawn(move || {
+        let mut n = 0u64;
+        while Instant::now() < deadline && n < 100_000 {
+            let Ok(mut stream) = TcpStream::connect(addr) else {
+                break;
+            };
+            // Past the deadline the server stops accepting; never wait on it for long.
+            stream
+                .set_read_timeout(Some(Duration::from_secs(1)))
+                .unwrap();
+            let _ = stream.write_all(b"ping");
+            let mut buf = [0u8; 4];
+            let _ = stream.read_exact(&mut buf);
+            n += 1;
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    });
+    let log = tempfile::tempfile().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut req_id = 0u64;
+    while Instant::now() < deadline {
+        let Ok((mut stream, _)) = listener.accept() else {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        };
+        stream.set_nonblocking(false).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .unwrap();
+        req_id += 1;
+        gw_probe_request_begin(req_id, stream.as_raw_fd() as u64, 0);
+        gw_probe_poll_enter(req_id, 0, 0);
+        let mut buf = [0u8; 4];
+        let _ = stream.read_exact(&mut buf);
+        gw_probe_phase_begin(req_id, 1, 0);
+        gw_probe_phase_end(req_id, 1, 0);
+        gw_probe_ledger_enqueue(req_id, 0, 0);
+        gw_probe_batch_begin(req_id, 1, 0);
+        gw_probe_sign_begin(req_id, req_id, 0);
+        gw_probe_sign_end(req_id, req_id, 0);
+        gw_probe_commit_begin(req_id, 0, 0);
+        (&log).write_all(b"receipt\n").unwrap();
+        log.sync_data().unwrap();
+        gw_probe_commit_end(req_id, 0, 0);
+        gw_probe_receipt_durable(req_id, req_id, 0);
+        let _ = stream.write_all(&buf);
+        gw_probe_request_end(req_id, 200, 0);
+        gw_probe_poll_exit(req_id, 1, 0);
+        std::thread::yield_now();
+    }
+    client.join().unwrap();
+}
+
+/// Starts the fixture for `secs` and waits until it listens.
+pub fn spawn_fixture(test_binary: &Path, secs: f64) -> Child {
+    let mut child = Command::new(test_binary)
+        .args([
+            "--exact",
+            "fixture_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(FIXTURE_ENV, secs.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawning the fixture");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("fixture ended before listening")
+            .unwrap();
+        // libtest prints `test fixture_child ... ` on the same line first.
+        if line.contains("listening ") {
+            break;
+        }
+    }
+    // Keep draining so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    child
+}
+
+/// uprobe_events lines that name `binary` (ours would, if any were left behind).
+pub fn leftover_uprobes(binary: &Path) -> Vec<String> {
+    let events = std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
+    let name = binary.to_string_lossy().into_owned();
+    events
+        .lines()
+        .filter(|line| line.contains(&name))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Of `ids`, those still loaded in the kernel.
+pub fn still_loaded(ids: &[u32]) -> Vec<u32> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .map(|info| info.id())
+        .filter(|id| ids.contains(id))
+        .collect()
+}
+
+/// The ids from the tracer's `tracer: program ids 1,2,3` line.
+pub fn program_ids(stderr: &str) -> Vec<u32> {
+    stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("tracer: program ids "))
+        .map(|ids| {
+            ids.split(',')
+                .filter_map(|id| id.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `name=count` pairs from the tracer's `tracer: events ...` line.
+pub fn event_counts(stderr: &str) -> Vec<(String, u64)> {
+    stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("tracer: events "))
+        .map(|pairs| {
+            pairs
+                .split_whitespace()
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(name, count)| (name.to_owned(), count.parse().unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
