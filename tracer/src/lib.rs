@@ -11,3 +11,4 @@ pub mod record;
 pub mod flame;
 pub mod symbolize;
 pub mod timeline;
+pub mod validate;

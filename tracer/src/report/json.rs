@@ -9,6 +9,8 @@ pub(crate) enum Value {
     Num(f64),
     Str(String),
     Null,
+    Bool(bool),
+    Arr(Vec<Value>),
     Obj(Vec<(String, Value)>),
 }
 
@@ -24,6 +26,25 @@ impl Value {
         self
     }
 
+    /// Converts a serde_json value; objects keep serde_json's (sorted) key order.
+    pub(crate) fn from_serde(v: &serde_json::Value) -> Value {
+        use serde_json::Value as J;
+        match v {
+            J::Null => Value::Null,
+            J::Bool(b) => Value::Bool(*b),
+            J::Number(n) => n
+                .as_u64()
+                .map_or_else(|| n.as_f64().map_or(Value::Null, Value::Num), Value::Int),
+            J::String(s) => Value::Str(s.clone()),
+            J::Array(items) => Value::Arr(items.iter().map(Value::from_serde).collect()),
+            J::Object(map) => Value::Obj(
+                map.iter()
+                    .map(|(k, x)| (k.clone(), Value::from_serde(x)))
+                    .collect(),
+            ),
+        }
+    }
+
     pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         self.write(&mut out, 0);
@@ -37,6 +58,17 @@ impl Value {
             Value::Num(x) if x.is_finite() => write!(out, "{x:.3}").expect("writing to a String"),
             Value::Num(_) | Value::Null => out.push_str("null"),
             Value::Str(s) => quote(out, s),
+            Value::Bool(b) => write!(out, "{b}").expect("writing to a String"),
+            Value::Arr(items) => {
+                out.push('[');
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    v.write(out, indent);
+                }
+                out.push(']');
+            }
             Value::Obj(fields) if fields.is_empty() => out.push_str("{}"),
             Value::Obj(fields) => {
                 out.push_str("{\n");
@@ -85,11 +117,20 @@ mod tests {
                 ]),
             )
             .with("e", Value::obj())
-            .with("s", Value::Str("tab\there".into()));
+            .with("s", Value::Str("tab\there".into()))
+            .with(
+                "extra",
+                Value::from_serde(&serde_json::json!({"z": [1, 2.5, true, null], "a": "x"})),
+            );
         let text = v.render();
         assert!(text.find("\"b\"").unwrap() < text.find("\"a\"").unwrap());
         let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(parsed["a"]["x\"y"], 0.5);
         assert_eq!(parsed["s"], "tab\there");
+        assert_eq!(
+            parsed["extra"]["z"],
+            serde_json::json!([1, 2.5, true, null])
+        );
+        assert_eq!(parsed["extra"]["a"], "x");
     }
 }

@@ -58,6 +58,9 @@ pub struct SessionWriter {
     requests: BufWriter<File>,
     incomplete: BufWriter<File>,
     aggregate: Aggregate,
+    /// Extra top-level sections of breakdown.json (the tracer's own cost, BPF program stats,
+    /// the kernel cross-check figures), after the standard ones, in the order added.
+    sections: Vec<(String, serde_json::Value)>,
 }
 
 fn create(path: &Path) -> Result<BufWriter<File>> {
@@ -79,6 +82,7 @@ impl SessionWriter {
             requests,
             incomplete,
             aggregate: Aggregate::new(),
+            sections: Vec::new(),
         })
     }
 
@@ -91,6 +95,12 @@ impl SessionWriter {
             }
         }
         .context("writing a request row")
+    }
+
+    /// Adds a top-level section `name` to breakdown.json (replacing one of that name).
+    pub fn add_section(&mut self, name: &str, value: serde_json::Value) {
+        self.sections.retain(|(n, _)| n != name);
+        self.sections.push((name.to_owned(), value));
     }
 
     /// The running aggregate, for live progress (for example its p99 overhead).
@@ -130,7 +140,11 @@ impl SessionWriter {
             tail: &tail,
             median: &median,
         };
-        let json = breakdown(&view).render();
+        let mut json = breakdown(&view);
+        for (name, value) in &self.sections {
+            json = json.with(name, json::Value::from_serde(value));
+        }
+        let json = json.render();
         let path = self.dir.join(BREAKDOWN_JSON);
         std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
         Ok(Summary {

@@ -4,6 +4,7 @@
 //! one kind of history: [`sockets`] (sk ↔ fd, data arrival), [`threads`] (run state),
 //! [`writer`] (fsync and signing intervals), [`timeline`] (slices → parts).
 
+pub mod kernel;
 mod rebuild;
 pub mod record;
 mod sockets;

@@ -35,6 +35,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use tracer_ebpf::abi::{Event, kind, syscall};
 use tracer_ebpf::sites::{Phase, Site};
 
+use super::kernel::KernelStats;
 use super::record::{Hits, Incomplete, Outcome, Part, RequestRecord, StackSample};
 use super::sockets::Sockets;
 use super::threads::{RunState, SchedEv, Threads};
@@ -201,6 +202,7 @@ pub struct Rebuilder {
     losses: Vec<(u64, u64)>,
     held: BTreeMap<(u64, u64), Outcome>,
     next_maintenance: u64,
+    kernel: KernelStats,
 }
 
 fn incomplete(req_id: u64, reason: &str) -> Outcome {
@@ -217,6 +219,11 @@ fn overlaps(span: (u64, u64), from: u64, to: u64) -> bool {
 impl Rebuilder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// fsync durations and run-queue delays as the model saw them, for the cross-check.
+    pub fn kernel(&self) -> &KernelStats {
+        &self.kernel
     }
 
     /// Requests begun and not yet decided.
@@ -562,7 +569,10 @@ impl Rebuilder {
                 self.client_sent(fd, enter);
                 self.sockets.sent(fd, enter);
             }
-            s if syscall::is_sync(s) => self.writer.sync(enter, ev.ts_ns, ev.tid),
+            s if syscall::is_sync(s) => {
+                self.kernel.fsync.record(ev.ts_ns.saturating_sub(enter));
+                self.writer.sync(enter, ev.ts_ns, ev.tid)
+            }
             _ => {}
         }
     }
@@ -637,7 +647,9 @@ impl Rebuilder {
     }
 
     fn sched(&mut self, ev: &Event, sched: SchedEv) {
-        self.threads.sched(ev.ts_ns, ev.tid, sched);
+        if let Some((ns, preempted)) = self.threads.sched(ev.ts_ns, ev.tid, sched) {
+            self.kernel.runqueue_delay(ns, preempted);
+        }
         if let Some(r) = self.polled_by(ev.tid) {
             r.hits.sched += 1;
         } else if let Some(b) = self.writer.batch_mut(ev.tid) {

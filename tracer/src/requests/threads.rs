@@ -44,6 +44,8 @@ pub(crate) struct Seg {
 struct History {
     evs: VecDeque<(u64, SchedEv)>,
     on_cpu: bool,
+    /// The state after the newest event, and since when; None until a switch is seen.
+    now: Option<(RunState, u64)>,
 }
 
 #[derive(Default)]
@@ -76,11 +78,30 @@ fn step(
 }
 
 impl Threads {
-    pub(crate) fn sched(&mut self, ts: u64, tid: u32, ev: SchedEv) {
+    /// Records a switch or wakeup. Returns the run-queue delay it ended, if it switched in a
+    /// thread that was preempted (`true`) or woken (`false`), for the kernel cross-check.
+    pub(crate) fn sched(&mut self, ts: u64, tid: u32, ev: SchedEv) -> Option<(u64, bool)> {
         let h = self.map.entry(tid).or_default();
         h.on_cpu =
             matches!(ev, SchedEv::In | SchedEv::Proof) || (h.on_cpu && ev == SchedEv::Wakeup);
         h.evs.push_back((ts, ev));
+        let before = h.now;
+        let known = match (before, ev) {
+            (Some((state, _)), _) => Some(state),
+            (None, SchedEv::Wakeup) => None,
+            (None, _) => Some(RunState::OnCpu),
+        };
+        if let Some(state) = known {
+            let (next, _) = step(state, None, ev);
+            if before.is_none_or(|(s, _)| s != next) {
+                h.now = Some((next, ts));
+            }
+        }
+        match (ev, before) {
+            (SchedEv::In, Some((RunState::Preempted, since))) => Some((ts - since, true)),
+            (SchedEv::In, Some((RunState::Runnable, since))) => Some((ts - since, false)),
+            _ => None,
+        }
     }
 
     /// `tid` ran an in-context event at `ts`.
@@ -89,6 +110,7 @@ impl Threads {
         if !h.on_cpu {
             h.on_cpu = true;
             h.evs.push_back((ts, SchedEv::Proof));
+            h.now = Some((RunState::OnCpu, ts));
         }
     }
 
@@ -234,6 +256,31 @@ mod tests {
         let segs = t.split(5, 60, 100, false).unwrap();
         assert_eq!(segs.len(), 2);
         assert_eq!((segs[1].start, segs[1].state), (80, RunState::OnCpu));
+    }
+
+    #[test]
+    fn run_queue_delays_after_preemption_and_wakeup() {
+        let mut t = Threads::default();
+        assert_eq!(
+            t.sched(10, 5, SchedEv::Wakeup),
+            None,
+            "state unknown: nothing"
+        );
+        assert_eq!(t.sched(20, 5, SchedEv::In), None, "state unknown before");
+        assert_eq!(t.sched(25, 5, SchedEv::Wakeup), None, "on CPU: nothing");
+        assert_eq!(t.sched(30, 5, out(true)), None);
+        assert_eq!(t.sched(45, 5, SchedEv::In), Some((15, true)));
+        assert_eq!(t.sched(50, 5, out(false)), None);
+        assert_eq!(t.sched(60, 5, SchedEv::Wakeup), None);
+        assert_eq!(
+            t.sched(65, 5, SchedEv::Wakeup),
+            None,
+            "already runnable: keeps 60"
+        );
+        assert_eq!(t.sched(90, 5, SchedEv::In), Some((30, false)));
+        t.sched(100, 5, out(true));
+        t.on_cpu(110, 5); // the switch-in was lost: no delay is invented
+        assert_eq!(t.sched(120, 5, SchedEv::In), None);
     }
 
     #[test]
