@@ -1,6 +1,138 @@
+//! `cargo xtask setup`: the eBPF toolchain, installed idempotently. Each step says what it
+//! checks and is skipped when already satisfied. Other commands call [`ensure`].
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, bail};
+
+const LLVM: &str = "/usr/lib/llvm-22";
+
 #[derive(clap::Args)]
 pub struct Args {}
 
 pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+    ensure()
+}
+
+/// Installs whatever of nightly + rust-src, llvm-22-dev and bpf-linker is missing.
+pub fn ensure() -> anyhow::Result<()> {
+    nightly_rust_src()?;
+    llvm_dev()?;
+    bpf_linker()?;
+    Ok(())
+}
+
+fn nightly_rust_src() -> anyhow::Result<()> {
+    let installed = output("rustup", &["toolchain", "list"])?;
+    if installed.lines().any(|line| line.starts_with("nightly")) {
+        println!("setup: nightly toolchain: installed");
+    } else {
+        println!("setup: nightly toolchain: missing, installing");
+        run_checked(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))?;
+    }
+    let components = output(
+        "rustup",
+        &["component", "list", "--installed", "--toolchain", "nightly"],
+    )?;
+    if components.lines().any(|line| line.trim() == "rust-src") {
+        println!("setup: nightly rust-src: installed");
+    } else {
+        println!("setup: nightly rust-src: missing, installing");
+        run_checked(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+    Ok(())
+}
+
+fn llvm_dev() -> anyhow::Result<()> {
+    if Path::new(LLVM).join("lib").is_dir() {
+        println!("setup: llvm-22-dev: {LLVM} present");
+        return Ok(());
+    }
+    println!("setup: llvm-22-dev: {LLVM} missing, installing with apt-get");
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "llvm-22-dev"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .context("running apt-get (needs root)")
+    };
+    if !install()?.success() {
+        // A fresh image often has no package lists yet.
+        println!("setup: apt-get install failed; running apt-get update and retrying");
+        run_checked(Command::new("apt-get").arg("update"))?;
+        if !install()?.success() {
+            bail!("apt-get install -y llvm-22-dev failed (is the LLVM apt repository configured?)");
+        }
+    }
+    Ok(())
+}
+
+fn bpf_linker() -> anyhow::Result<()> {
+    if let Some(path) = find_in_path("bpf-linker") {
+        println!("setup: bpf-linker: {}", path.display());
+        return Ok(());
+    }
+    println!("setup: bpf-linker: missing, building it against {LLVM}");
+    let path = format!("{LLVM}/bin:{}", env::var("PATH").unwrap_or_default());
+    run_checked(
+        Command::new("cargo")
+            .args([
+                "install",
+                "bpf-linker",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ])
+            .env("PATH", path),
+    )
+}
+
+/// `name` in PATH or in ~/.cargo/bin (where cargo install puts it).
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    let cargo_bin = env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo/bin"));
+    env::var_os("PATH")
+        .map(|path| env::split_paths(&path).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain(cargo_bin)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+fn output(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {program} (is rustup installed?)"))?;
+    if !out.status.success() {
+        bail!("{program} {} failed ({})", args.join(" "), out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn run_checked(command: &mut Command) -> anyhow::Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("running {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed ({status})");
+    }
+    Ok(())
 }
