@@ -10,12 +10,13 @@ use std::{
 
 use anyhow::Context as _;
 use tracer_ebpf::abi::{Event, kind};
-use tracer_ebpf::sites::Site;
 
 use crate::{
     attach::{Options, Session, preflight, target::Target},
     cli::RecordArgs,
-    events::{DEFAULT_WINDOW_NS, EventSink, EventStream},
+    events::{DEFAULT_WINDOW_NS, EventSink, EventStream, monotonic_ns},
+    report::{SessionEnd, SessionMeta, SessionWriter},
+    requests::{Outcome, Rebuilder},
 };
 
 /// The signal that asked us to stop, or 0.
@@ -78,20 +79,16 @@ enum StopReason {
     TargetExited,
 }
 
-/// Counts events by kind until the rebuild consumes them.
+/// Counts events by kind, for the closing summary and the tests.
 #[derive(Debug, Default)]
 pub struct Tally {
     pub by_kind: [u64; 16],
-    pub request_ends: u64,
     pub loss_spans: u64,
 }
 
 impl EventSink for Tally {
     fn push(&mut self, event: &Event) {
         self.by_kind[usize::from(event.kind).min(15)] += 1;
-        if event.kind == kind::SITE && event.sub == Site::RequestEnd as u16 {
-            self.request_ends += 1;
-        }
     }
 
     fn lost(&mut self, _from_ns: u64, _to_ns: u64) {
@@ -120,6 +117,46 @@ impl Tally {
     }
 }
 
+/// The ordered stream feeds the rebuild; its outcomes go to the session's files as they come.
+struct Rebuild {
+    rebuilder: Rebuilder,
+    writer: SessionWriter,
+    tally: Tally,
+}
+
+impl EventSink for Rebuild {
+    fn push(&mut self, event: &Event) {
+        self.tally.push(event);
+        self.rebuilder.push(event);
+    }
+
+    fn lost(&mut self, from_ns: u64, to_ns: u64) {
+        self.tally.lost(from_ns, to_ns);
+        self.rebuilder.lost(from_ns, to_ns);
+    }
+}
+
+impl Rebuild {
+    fn write(&mut self, outcomes: Vec<Outcome>) -> anyhow::Result<()> {
+        for outcome in &outcomes {
+            self.writer.write(outcome)?;
+        }
+        Ok(())
+    }
+}
+
+/// User and system CPU seconds this process has used.
+fn own_cpu_seconds() -> (f64, f64) {
+    // SAFETY: zeroed rusage is valid; getrusage fills it.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (seconds(usage.ru_utime), seconds(usage.ru_stime))
+}
+
 pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let target = Target::open(args.pid)?;
     preflight::check()?;
@@ -144,13 +181,25 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         session.take_loss()?,
         DEFAULT_WINDOW_NS,
     );
-    let mut sink = Tally::default();
+    let mut meta = SessionMeta { pid: args.pid, ..SessionMeta::default() };
+    for mode in &session.modes {
+        meta.attach_modes.insert(mode.group.to_owned(), mode.mode.to_owned());
+    }
+    meta.attach_modes.insert("fentry".to_owned(), session.detected.fentry.to_string());
+    meta.attach_modes.insert("kprobe".to_owned(), session.detected.kprobe.to_string());
+    let mut sink = Rebuild {
+        rebuilder: Rebuilder::new(),
+        writer: SessionWriter::create(&args.out, meta)?,
+        tally: Tally::default(),
+    };
 
     let started = Instant::now();
     let mut last_report = (Instant::now(), 0u64, 0u64);
     let reason = loop {
         let exited = wait(stream.ring_fd(), pidfd, Duration::from_millis(10));
         stream.pump(&mut sink)?;
+        let outcomes = sink.rebuilder.drain();
+        sink.write(outcomes)?;
         let signal = STOP_SIGNAL.load(Ordering::SeqCst);
         if signal != 0 {
             break StopReason::Signal(signal);
@@ -164,19 +213,29 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         if last_report.0.elapsed() >= Duration::from_secs(1) {
             let seconds = last_report.0.elapsed().as_secs_f64();
             let events = stream.counters.events;
+            let aggregate = sink.writer.aggregate();
+            let requests = aggregate.requests() + aggregate.incomplete();
             eprintln!(
-                "tracer: {:>6.1}s  {:>7.0} req/s  p99 overhead n/a  {:>8.0} events/s  lost {}",
+                "tracer: {:>6.1}s  {:>7.0} req/s  p99 overhead {:>8.1} us  {:>8.0} events/s  \
+                 lost {}  incomplete {}",
                 started.elapsed().as_secs_f64(),
-                (sink.request_ends - last_report.2) as f64 / seconds,
+                (requests - last_report.2) as f64 / seconds,
+                aggregate.overhead_quantile_ns(0.99) as f64 / 1e3,
                 (events - last_report.1) as f64 / seconds,
                 stream.lost_events(),
+                aggregate.incomplete(),
             );
-            last_report = (Instant::now(), events, sink.request_ends);
+            last_report = (Instant::now(), events, requests);
         }
     };
+    let traced_s = started.elapsed().as_secs_f64();
 
+    let detaching = Instant::now();
     session.detach();
+    let detach_s = detaching.elapsed().as_secs_f64();
     stream.finish(&mut sink)?;
+    let outcomes = sink.rebuilder.finish(monotonic_ns());
+    sink.write(outcomes)?;
     // SAFETY: our own fd, closed once.
     unsafe { libc::close(pidfd) };
 
@@ -186,13 +245,30 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         StopReason::TargetExited => format!("pid {} exited", args.pid),
     };
     eprintln!(
-        "tracer: stopped ({why}) after {:.1}s, detached; {} events ({} lost, {} late, {} malformed)",
-        started.elapsed().as_secs_f64(),
+        "tracer: stopped ({why}) after {traced_s:.1}s, detached in {detach_s:.1}s; {} events \
+         ({} lost, {} late, {} malformed)",
         stream.counters.events,
         stream.lost_events(),
         stream.late_events(),
         stream.counters.malformed,
     );
-    eprintln!("tracer: events {}", sink.summary());
+    eprintln!("tracer: events {}", sink.tally.summary());
+    let (user_s, system_s) = own_cpu_seconds();
+    eprintln!("tracer: own cpu {user_s:.2}s user + {system_s:.2}s system");
+    sink.writer.add_section(
+        "tracer",
+        serde_json::json!({
+            "stop_reason": why,
+            "events": stream.counters.events,
+            "late_events": stream.late_events(),
+            "loss_spans": sink.tally.loss_spans,
+            "cpu_user_s": user_s,
+            "cpu_system_s": system_s,
+        }),
+    );
+    let summary = sink
+        .writer
+        .finish(SessionEnd { duration_s: traced_s, lost_events: stream.lost_events() })?;
+    println!("{}", summary.table);
     Ok(())
 }

@@ -3,7 +3,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use tracer_ebpf::{
     abi::{Config, Event, LOSS_SLOT, Loss},
@@ -28,8 +28,9 @@ pub static LOSS: PerCpuArray<Loss> = PerCpuArray::with_max_entries(1, 0);
 pub static TIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
 
 /// Sockets the target has touched (sk pointer → last fd sent, `u64::MAX` if not yet known).
+/// Entries go at TCP_CLOSE; LRU so that a missed close can never fill the map.
 #[map]
-pub static TARGET_SOCKS: HashMap<u64, u64> = HashMap::with_max_entries(65536, 0);
+pub static TARGET_SOCKS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 
 /// Local TCP ports the target listens on (host byte order).
 #[map]

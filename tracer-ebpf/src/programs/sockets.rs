@@ -16,6 +16,7 @@ use super::{
 };
 
 const TCP_ESTABLISHED: i32 = 1;
+const TCP_CLOSE: i32 = 7;
 const IPPROTO_TCP: u16 = 6;
 /// The fd of a socket seen only from softirq (a new connection not yet read).
 const FD_UNKNOWN: u64 = u64::MAX;
@@ -71,7 +72,15 @@ pub fn sk_data_ready(ctx: TracePointContext) -> u32 {
 pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     let newstate: i32 = field(&ctx, SET_STATE_NEWSTATE);
     let protocol: u16 = field(&ctx, SET_STATE_PROTOCOL);
-    if newstate != TCP_ESTABLISHED || protocol != IPPROTO_TCP {
+    if protocol != IPPROTO_TCP {
+        return 0;
+    }
+    if newstate == TCP_CLOSE {
+        // The sk may be reused for another connection; it is no longer the target's.
+        let _ = TARGET_SOCKS.remove(field::<u64>(&ctx, SET_STATE_SKADDR));
+        return 0;
+    }
+    if newstate != TCP_ESTABLISHED {
         return 0;
     }
     let sport: u16 = field(&ctx, SET_STATE_SPORT);

@@ -53,6 +53,7 @@ impl fmt::Display for AttachMode {
 pub struct Session {
     ebpf: Ebpf,
     pub modes: Vec<AttachMode>,
+    pub detected: detect::Detected,
 }
 
 impl Session {
@@ -130,7 +131,7 @@ impl Session {
                 detail: format!("cpu-clock {} Hz on {cpus} CPUs", options.sample_hz),
             });
         }
-        Ok(Session { ebpf, modes })
+        Ok(Session { ebpf, modes, detected })
     }
 
     /// Kernel ids of the loaded programs, so a test can check none outlives the session.
