@@ -42,6 +42,9 @@ pub struct RecordArgs {
     /// Take kernel and user stacks at every switch-out of a gateway thread (off-CPU flamegraphs).
     #[arg(long)]
     pub offcpu_stacks: bool,
+    /// Also write every event read, 40 bytes each, to this file (for `crosscheck`).
+    #[arg(long)]
+    pub raw_events: Option<PathBuf>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -17,6 +17,7 @@ use crate::{
     events::{DEFAULT_WINDOW_NS, EventSink, EventStream, monotonic_ns},
     report::{SessionEnd, SessionMeta, SessionWriter},
     requests::{Outcome, Rebuilder},
+    validate::hooks::Hooks,
 };
 
 /// The signal that asked us to stop, or 0.
@@ -122,16 +123,20 @@ struct Rebuild {
     rebuilder: Rebuilder,
     writer: SessionWriter,
     tally: Tally,
+    /// Raw dump, loss spans, BPF stats, own cost (issue 6).
+    hooks: Hooks,
 }
 
 impl EventSink for Rebuild {
     fn push(&mut self, event: &Event) {
         self.tally.push(event);
+        self.hooks.push(event);
         self.rebuilder.push(event);
     }
 
     fn lost(&mut self, from_ns: u64, to_ns: u64) {
         self.tally.lost(from_ns, to_ns);
+        self.hooks.lost(from_ns, to_ns);
         self.rebuilder.lost(from_ns, to_ns);
     }
 }
@@ -191,6 +196,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         rebuilder: Rebuilder::new(),
         writer: SessionWriter::create(&args.out, meta)?,
         tally: Tally::default(),
+        hooks: Hooks::start(args.raw_events.as_deref(), session.program_ids())?,
     };
 
     let started = Instant::now();
@@ -231,6 +237,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let traced_s = started.elapsed().as_secs_f64();
 
     let detaching = Instant::now();
+    sink.hooks.before_detach();
     session.detach();
     let detach_s = detaching.elapsed().as_secs_f64();
     stream.finish(&mut sink)?;
@@ -266,6 +273,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
             "cpu_system_s": system_s,
         }),
     );
+    sink.hooks.finish(&sink.rebuilder, &mut sink.writer)?;
     let summary = sink
         .writer
         .finish(SessionEnd { duration_s: traced_s, lost_events: stream.lost_events() })?;

@@ -11,5 +11,7 @@
 
 pub mod ab;
 pub mod accuracy;
+pub mod cost;
 pub mod crosscheck;
 pub mod dist;
+pub mod hooks;

@@ -1,0 +1,87 @@
+//! What `tracer record` does for validation, kept in one place so record.rs only forwards:
+//! the optional raw event dump (`--raw-events`, for `crosscheck`), the loss spans (so a
+//! validation can check no complete request crosses one), BPF run-time stats and the tracer's
+//! own cost, and the model's kernel figures. All land in breakdown.json as extra sections.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use tracer_ebpf::abi::Event;
+
+use super::cost::CostMeter;
+use super::crosscheck::RawDump;
+use crate::report::SessionWriter;
+use crate::requests::Rebuilder;
+
+/// Loss spans kept for breakdown.json; more are counted, not listed.
+const MAX_SPANS: usize = 10_000;
+
+pub struct Hooks {
+    raw: Option<RawDump>,
+    raw_error: Option<std::io::Error>,
+    spans: Vec<(u64, u64)>,
+    spans_total: u64,
+    cost: CostMeter,
+}
+
+impl Hooks {
+    /// Call once every program is attached.
+    pub fn start(raw_events: Option<&Path>, program_ids: Vec<u32>) -> Result<Hooks> {
+        let raw = raw_events.map(RawDump::create).transpose()?;
+        Ok(Hooks {
+            raw,
+            raw_error: None,
+            spans: Vec::new(),
+            spans_total: 0,
+            cost: CostMeter::start(program_ids),
+        })
+    }
+
+    pub fn push(&mut self, event: &Event) {
+        if let Some(raw) = &mut self.raw
+            && self.raw_error.is_none()
+            && let Err(e) = raw.write(event)
+        {
+            self.raw_error = Some(e);
+        }
+    }
+
+    pub fn lost(&mut self, from_ns: u64, to_ns: u64) {
+        self.spans_total += 1;
+        if self.spans.len() < MAX_SPANS {
+            self.spans.push((from_ns, to_ns));
+        }
+    }
+
+    /// Before detaching: the BPF counters are read while the programs are loaded.
+    pub fn before_detach(&mut self) {
+        self.cost.programs_done();
+    }
+
+    /// At the end, before `writer.finish`: adds `kernel`, `loss_spans` and `cost`.
+    pub fn finish(&mut self, rebuilder: &Rebuilder, writer: &mut SessionWriter) -> Result<()> {
+        let raw_events = match self.raw.take() {
+            Some(raw) => {
+                if let Some(e) = self.raw_error.take() {
+                    return Err(e).context("writing --raw-events");
+                }
+                Some(raw.finish().context("flushing --raw-events")?)
+            }
+            None => None,
+        };
+        writer.add_section("kernel", rebuilder.kernel().to_json());
+        writer.add_section(
+            "loss_spans",
+            json!(self.spans.iter().map(|&(a, b)| [a, b]).collect::<Vec<_>>()),
+        );
+        writer.add_section(
+            "cost",
+            self.cost.finish(json!({
+                "loss_spans_total": self.spans_total,
+                "raw_events_written": raw_events,
+            })),
+        );
+        Ok(())
+    }
+}
