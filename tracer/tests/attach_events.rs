@@ -123,6 +123,7 @@ fn sigint_detaches() {
             "--out",
             out.path().to_str().unwrap(),
         ])
+        .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
