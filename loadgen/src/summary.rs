@@ -49,9 +49,9 @@ pub struct Summary {
     pub latency_from: &'static str,
     /// 2xx responses of the measured window, in µs.
     pub latency_us: Percentiles,
-    /// Open loop: how late loadgen sent each request of the window after its scheduled time
-    /// (its own dispatch delay, plus waiting for a free connection), in µs. Already inside
-    /// `latency_us`; large values mean the load generator, not the server, was the bottleneck.
+    /// Open loop: how late each request of the window was sent after its scheduled time, in
+    /// µs: loadgen's own dispatch delay, plus any wait for a free connection while every
+    /// connection was in flight at the server. Already inside `latency_us`.
     pub send_lag_us: Option<Percentiles>,
     /// p50 of the window's first and last thirds, in µs: a drift check.
     pub p50_first_third_us: Option<f64>,
