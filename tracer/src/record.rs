@@ -15,6 +15,7 @@ use crate::{
     attach::{Options, Session, preflight, target::Target},
     cli::RecordArgs,
     events::{DEFAULT_WINDOW_NS, EventSink, EventStream, monotonic_ns},
+    flame::Pictures,
     report::{SessionEnd, SessionMeta, SessionWriter},
     requests::{Outcome, Rebuilder},
     validate::hooks::Hooks,
@@ -118,10 +119,12 @@ impl Tally {
     }
 }
 
-/// The ordered stream feeds the rebuild; its outcomes go to the session's files as they come.
+/// The ordered stream feeds the rebuild; its outcomes go to the session's files (and complete
+/// requests to the pictures' spill) as they come.
 struct Rebuild {
     rebuilder: Rebuilder,
     writer: SessionWriter,
+    pictures: Pictures,
     tally: Tally,
     /// Raw dump, loss spans, BPF stats, own cost (issue 6).
     hooks: Hooks,
@@ -145,6 +148,9 @@ impl Rebuild {
     fn write(&mut self, outcomes: Vec<Outcome>) -> anyhow::Result<()> {
         for outcome in &outcomes {
             self.writer.write(outcome)?;
+            if let Outcome::Complete(record) = outcome {
+                self.pictures.push(record)?;
+            }
         }
         Ok(())
     }
@@ -179,26 +185,37 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     for mode in &session.modes {
         eprintln!("tracer: attach {mode}");
     }
-    let ids: Vec<String> = session.program_ids().iter().map(u32::to_string).collect();
-    eprintln!("tracer: program ids {}", ids.join(","));
     let mut stream = EventStream::new(
         session.take_events()?,
         session.take_loss()?,
         DEFAULT_WINDOW_NS,
     );
-    let mut meta = SessionMeta { pid: args.pid, ..SessionMeta::default() };
+    // Taken now so that it outlives detach: the pictures resolve stack ids at the very end.
+    let stacks = session.take_stacks()?;
+    let mut meta = SessionMeta {
+        pid: args.pid,
+        ..SessionMeta::default()
+    };
     for mode in &session.modes {
-        meta.attach_modes.insert(mode.group.to_owned(), mode.mode.to_owned());
+        meta.attach_modes
+            .insert(mode.group.to_owned(), mode.mode.to_owned());
     }
-    meta.attach_modes.insert("fentry".to_owned(), session.detected.fentry.to_string());
-    meta.attach_modes.insert("kprobe".to_owned(), session.detected.kprobe.to_string());
+    meta.attach_modes
+        .insert("fentry".to_owned(), session.detected.fentry.to_string());
+    meta.attach_modes
+        .insert("kprobe".to_owned(), session.detected.kprobe.to_string());
     let mut sink = Rebuild {
         rebuilder: Rebuilder::new(),
         writer: SessionWriter::create(&args.out, meta)?,
+        pictures: Pictures::start(args.pid, &args.out)?,
         tally: Tally::default(),
         hooks: Hooks::start(args.raw_events.as_deref(), session.program_ids())?,
     };
 
+    // The ready line (xtask profile and the tests wait for it): printed once everything that
+    // runs before the loop is done, so load started after it is traced from its first request.
+    let ids: Vec<String> = session.program_ids().iter().map(u32::to_string).collect();
+    eprintln!("tracer: program ids {}", ids.join(","));
     let started = Instant::now();
     let mut last_report = (Instant::now(), 0u64, 0u64);
     let reason = loop {
@@ -274,9 +291,22 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         }),
     );
     sink.hooks.finish(&sink.rebuilder, &mut sink.writer)?;
-    let summary = sink
-        .writer
-        .finish(SessionEnd { duration_s: traced_s, lost_events: stream.lost_events() })?;
+    let summary = sink.writer.finish(SessionEnd {
+        duration_s: traced_s,
+        lost_events: stream.lost_events(),
+    })?;
+    let drawing = Instant::now();
+    let pictures = sink.pictures.finish(&summary.bands, &stacks)?;
+    eprintln!(
+        "tracer: pictures of {} requests ({} tail, {} median band; {} samples, {} in the tail) \
+         drawn in {:.1}s",
+        pictures.requests,
+        pictures.tail_requests,
+        pictures.median_requests,
+        pictures.all_samples,
+        pictures.tail_samples,
+        drawing.elapsed().as_secs_f64(),
+    );
     println!("{}", summary.table);
     Ok(())
 }

@@ -17,7 +17,7 @@ use std::fmt;
 use anyhow::{Context as _, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::TracePoint,
 };
 use tracer_ebpf::abi::{Config, Loss};
@@ -149,6 +149,11 @@ impl Session {
 
     pub fn take_loss(&mut self) -> anyhow::Result<PerCpuArray<MapData, Loss>> {
         Ok(PerCpuArray::try_from(take(&mut self.ebpf, "LOSS")?)?)
+    }
+
+    /// The stack-trace map; stack ids of the session's events keep resolving after detach.
+    pub fn take_stacks(&mut self) -> anyhow::Result<StackTraceMap<MapData>> {
+        Ok(StackTraceMap::try_from(take(&mut self.ebpf, "STACKS")?)?)
     }
 
     /// Detaches every link and unloads every program (what dropping does, said out loud).

@@ -32,59 +32,8 @@ pub use spill::SpilledRequest;
 /// How many requests of each group the timeline shows.
 pub const TRACE_REQUESTS_PER_GROUP: usize = 20;
 
-/// Which requests are "tail" and which "median", by overhead (total − upstream) in ns, as the
-/// aggregate computed them: pass its exact ns values so the pictures count the same requests
-/// as breakdown.json's tail view.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Bands {
-    /// Tail: overhead strictly above this (the p99 of overhead).
-    pub tail_above_ns: u64,
-    /// Median band: overhead within `[median_lo_ns, median_hi_ns]` (p45..p55).
-    pub median_lo_ns: u64,
-    pub median_hi_ns: u64,
-    /// The p50 of overhead: the timeline's median requests are those closest to it.
-    pub median_ns: u64,
-}
-
-impl Bands {
-    /// From the aggregate's quantile function (e.g. `|q| aggregate.overhead_quantile_ns(q)`),
-    /// so the pictures use the very thresholds of breakdown.json's tail view.
-    pub fn from_quantiles(quantile_ns: impl Fn(f64) -> u64) -> Bands {
-        Bands {
-            tail_above_ns: quantile_ns(0.99),
-            median_lo_ns: quantile_ns(0.45),
-            median_hi_ns: quantile_ns(0.55),
-            median_ns: quantile_ns(0.5),
-        }
-    }
-
-    /// Nearest-rank percentiles of `overheads` (for callers without an aggregate, and tests):
-    /// the p-th percentile is the smallest value with at least p% of values at or below it.
-    pub fn nearest_rank(overheads: &[u64]) -> Option<Bands> {
-        if overheads.is_empty() {
-            return None;
-        }
-        let mut sorted = overheads.to_vec();
-        sorted.sort_unstable();
-        let n = sorted.len();
-        // Integer ranks: `0.55 * 200` in floating point is 110.00000000000001.
-        let at = |permille: usize| sorted[(permille * n).div_ceil(1000).clamp(1, n) - 1];
-        Some(Bands {
-            tail_above_ns: at(990),
-            median_lo_ns: at(450),
-            median_hi_ns: at(550),
-            median_ns: at(500),
-        })
-    }
-
-    fn is_tail(&self, overhead_ns: u64) -> bool {
-        overhead_ns > self.tail_above_ns
-    }
-
-    fn is_median(&self, overhead_ns: u64) -> bool {
-        (self.median_lo_ns..=self.median_hi_ns).contains(&overhead_ns)
-    }
-}
+/// The tail and median bands, shared with breakdown.json's tail view (one definition).
+pub use crate::report::Bands;
 
 /// The file names a session writes.
 pub mod files {

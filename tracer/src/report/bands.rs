@@ -1,10 +1,63 @@
 //! The tail view and the median band: mean part contributions of the requests whose overhead
 //! is above the p99 of overhead, and of those between its p45 and p55 (both inclusive).
-//! Computed by re-reading `requests.csv` at the end, so memory stays bounded.
+//! Computed by re-reading `requests.csv` at the end, so memory stays bounded. [`Bands`] is the
+//! one definition of both bands: the flamegraphs and the timeline select with it too.
 
 use crate::requests::{PARTS, Part};
 
 use super::csv::Row;
+
+/// Which requests are "tail" and which "median", by overhead (total − upstream) in ns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bands {
+    /// Tail: overhead strictly above this (the p99 of overhead).
+    pub tail_above_ns: u64,
+    /// Median band: overhead within `[median_lo_ns, median_hi_ns]` (p45..p55, inclusive).
+    pub median_lo_ns: u64,
+    pub median_hi_ns: u64,
+    /// The p50 of overhead: the timeline's median requests are those closest to it.
+    pub median_ns: u64,
+}
+
+impl Bands {
+    /// From a quantile function of overhead, e.g. `|q| aggregate.overhead_quantile_ns(q)`
+    /// (what breakdown.json uses).
+    pub fn from_quantiles(quantile_ns: impl Fn(f64) -> u64) -> Bands {
+        Bands {
+            tail_above_ns: quantile_ns(0.99),
+            median_lo_ns: quantile_ns(0.45),
+            median_hi_ns: quantile_ns(0.55),
+            median_ns: quantile_ns(0.5),
+        }
+    }
+
+    /// Nearest-rank percentiles of `overheads` (for callers without an aggregate, and tests):
+    /// the p-th percentile is the smallest value with at least p% of values at or below it.
+    pub fn nearest_rank(overheads: &[u64]) -> Option<Bands> {
+        if overheads.is_empty() {
+            return None;
+        }
+        let mut sorted = overheads.to_vec();
+        sorted.sort_unstable();
+        let n = sorted.len();
+        // Integer ranks: `0.55 * 200` in floating point is 110.00000000000001.
+        let at = |permille: usize| sorted[(permille * n).div_ceil(1000).clamp(1, n) - 1];
+        Some(Bands {
+            tail_above_ns: at(990),
+            median_lo_ns: at(450),
+            median_hi_ns: at(550),
+            median_ns: at(500),
+        })
+    }
+
+    pub fn is_tail(&self, overhead_ns: u64) -> bool {
+        overhead_ns > self.tail_above_ns
+    }
+
+    pub fn is_median(&self, overhead_ns: u64) -> bool {
+        (self.median_lo_ns..=self.median_hi_ns).contains(&overhead_ns)
+    }
+}
 
 /// Requests selected by overhead, and their mean ns per part.
 #[derive(Clone, Debug, PartialEq)]

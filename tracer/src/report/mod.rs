@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use crate::aggregate::{Aggregate, Metric};
 use crate::requests::{Outcome, Part};
 
-pub use bands::Band;
+pub use bands::{Band, Bands};
 
 /// What is known when a session starts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -41,8 +41,10 @@ pub struct Summary {
     pub table: String,
     pub requests: u64,
     pub incomplete: u64,
-    /// The tail threshold: p99 of overhead, ns.
+    /// The tail threshold: p99 of overhead, ns (`bands.tail_above_ns`).
     pub tail_threshold_ns: u64,
+    /// The bands the tail view and the median band were selected with; the pictures use them.
+    pub bands: Bands,
     pub tail: Band,
     pub median: Band,
 }
@@ -114,20 +116,16 @@ impl SessionWriter {
         self.requests.flush().context("flushing requests.csv")?;
         self.incomplete.flush().context("flushing incomplete.csv")?;
         let agg = &self.aggregate;
-        let threshold = agg.overhead_quantile_ns(0.99);
-        let (p45, p55) = (
-            agg.overhead_quantile_ns(0.45),
-            agg.overhead_quantile_ns(0.55),
-        );
+        let bands = Bands::from_quantiles(|q| agg.overhead_quantile_ns(q));
         let mut tail = bands::BandSum::new();
         let mut median = bands::BandSum::new();
         let path = self.dir.join(REQUESTS_CSV);
         let file = File::open(&path).with_context(|| format!("reading {}", path.display()))?;
         csv::for_each_row(BufReader::new(file), |row| {
-            if row.overhead_ns > threshold {
+            if bands.is_tail(row.overhead_ns) {
                 tail.add(row);
             }
-            if (p45..=p55).contains(&row.overhead_ns) {
+            if bands.is_median(row.overhead_ns) {
                 median.add(row);
             }
         })?;
@@ -136,7 +134,7 @@ impl SessionWriter {
             meta: &self.meta,
             end,
             agg,
-            threshold_ns: threshold,
+            bands,
             tail: &tail,
             median: &median,
         };
@@ -151,7 +149,8 @@ impl SessionWriter {
             table: table::render(&view),
             requests: agg.requests(),
             incomplete: agg.incomplete(),
-            tail_threshold_ns: threshold,
+            tail_threshold_ns: bands.tail_above_ns,
+            bands,
             tail,
             median,
         })
@@ -213,10 +212,6 @@ fn breakdown(v: &table::View<'_>) -> json::Value {
         .with("sock", Num(h.sock))
         .with("sched", Num(h.sched))
         .with("samples", Num(h.samples));
-    let (p45, p55) = (
-        agg.overhead_quantile_ns(0.45),
-        agg.overhead_quantile_ns(0.55),
-    );
     json::Value::obj()
         .with("pid", Int(u64::from(v.meta.pid)))
         .with("duration_s", Num(v.end.duration_s))
@@ -230,7 +225,7 @@ fn breakdown(v: &table::View<'_>) -> json::Value {
             "tail",
             band_json(
                 v.tail,
-                json::Value::obj().with("threshold_us", us(v.threshold_ns as f64)),
+                json::Value::obj().with("threshold_us", us(v.bands.tail_above_ns as f64)),
             ),
         )
         .with(
@@ -238,8 +233,8 @@ fn breakdown(v: &table::View<'_>) -> json::Value {
             band_json(
                 v.median,
                 json::Value::obj()
-                    .with("low_us", us(p45 as f64))
-                    .with("high_us", us(p55 as f64)),
+                    .with("low_us", us(v.bands.median_lo_ns as f64))
+                    .with("high_us", us(v.bands.median_hi_ns as f64)),
             ),
         )
         .with("hits_per_request", hits)

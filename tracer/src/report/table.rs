@@ -6,13 +6,13 @@ use std::fmt::Write;
 use crate::aggregate::{Aggregate, Metric};
 use crate::requests::Part;
 
-use super::{Band, SessionEnd, SessionMeta};
+use super::{Band, Bands, SessionEnd, SessionMeta};
 
 pub(crate) struct View<'a> {
     pub meta: &'a SessionMeta,
     pub end: SessionEnd,
     pub agg: &'a Aggregate,
-    pub threshold_ns: u64,
+    pub bands: Bands,
     pub tail: &'a Band,
     pub median: &'a Band,
 }
@@ -102,10 +102,6 @@ pub(crate) fn render(v: &View<'_>) -> String {
         let _ = writeln!(w, "(always 0: {})", omitted.join(", "));
     }
 
-    let (p45, p55) = (
-        agg.overhead_quantile_ns(0.45),
-        agg.overhead_quantile_ns(0.55),
-    );
     let _ = writeln!(w);
     let _ = writeln!(
         w,
@@ -115,8 +111,12 @@ pub(crate) fn render(v: &View<'_>) -> String {
         w,
         "{:<16} {:>24} {:>24}",
         "",
-        format!("tail: > p99 {} µs", us(v.threshold_ns as f64)),
-        format!("median: {}..{} µs", us(p45 as f64), us(p55 as f64))
+        format!("tail: > p99 {} µs", us(v.bands.tail_above_ns as f64)),
+        format!(
+            "median: {}..{} µs",
+            us(v.bands.median_lo_ns as f64),
+            us(v.bands.median_hi_ns as f64)
+        )
     );
     let _ = writeln!(
         w,
