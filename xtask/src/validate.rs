@@ -1,6 +1,785 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `cargo xtask validate`: prove the tracer's numbers on this machine (issue 6).
+//!
+//! One gateway (pinned to its CPUs) and one mock-upstream serve every part, in this order:
+//! 1. max throughput untraced (`loadgen --find-max`);
+//! 2. accuracy: an open loop at `load` × max with the tracer attached (and `--raw-events`),
+//!    joined with loadgen's per-request log (`tracer-validate accuracy`), plus the independent
+//!    fsync/run-queue cross-check of the raw dump (`crosscheck`);
+//! 3. probe effect: `windows` traced and `windows` untraced windows at the same rate, in
+//!    flipping pairs, with the gateway's CPU per request and CPU 0's busy share per window;
+//! 4. max throughput traced;
+//! 5. loss at 100% and 150% of max, and a forced-loss run with the smallest ring;
+//! 6. a soak at `load` × max, sampling the tracer's RSS and CPU.
+//!
+//! Writes `profiles/validation-<date>/validation.json` and `README.md`.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+mod procstat;
+mod readme;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use serde_json::{Value, json};
+
+use crate::machine::{Machine, utc_now};
+use crate::procs::{
+    self, Binaries, Gateway, MockUpstream, Proc, init_demo_db, run_loadgen, start_gateway,
+    start_mock_upstream,
+};
+
+/// Open-loop keep-alive connections (as `xtask profile`).
+const CONNECTIONS: u64 = 32;
+/// The line the tracer prints once every program is attached.
+const TRACER_READY: &str = "tracer: program ids";
+const TRACER_READY_TIMEOUT: Duration = Duration::from_secs(120);
+const TRACER_FINISH_TIMEOUT: Duration = Duration::from_secs(300);
+/// How often the soak samples the tracer's RSS and CPU.
+const SOAK_SAMPLE: Duration = Duration::from_secs(10);
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Fraction of the untraced max throughput for accuracy, A/B and soak (0 < load ≤ 1).
+    #[arg(long, default_value_t = 0.25, value_parser = fraction)]
+    load: f64,
+    /// Seconds of the traced accuracy run.
+    #[arg(long, default_value_t = 20.0, value_parser = seconds)]
+    duration: f64,
+    /// A/B windows per arm (at least 5).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(5..=50))]
+    windows: u64,
+    /// Seconds of each A/B window.
+    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
+    window: f64,
+    /// Seconds of each loss run (100% and 150% of max, and the forced-loss run).
+    #[arg(long, default_value_t = 5.0, value_parser = seconds)]
+    loss_duration: f64,
+    /// Ring buffer of the forced-loss run, MiB (the tracer's smallest).
+    #[arg(long, default_value_t = 1)]
+    forced_ring_mib: u32,
+    /// How long the forced-loss run stops the tracer (SIGSTOP) so its small ring overflows, s.
+    #[arg(long, default_value_t = 1.0, value_parser = seconds)]
+    forced_stall: f64,
+    /// Seconds of the soak at `load` × max (the issue asks for 5 minutes).
+    #[arg(long, default_value_t = 300.0, value_parser = seconds)]
+    soak: f64,
+    /// Shorten everything (accuracy 5 s, windows 3 s, loss 3 s, soak 30 s) to try it out.
+    #[arg(long)]
+    quick: bool,
+    /// Output directory (default profiles/validation-<date>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// CPUs for the gateway (a `taskset -c` list).
+    #[arg(long, default_value = "0")]
+    gateway_cpus: String,
+    /// CPUs for loadgen, mock-upstream and the tracer.
+    #[arg(long, default_value = "1")]
+    load_cpus: String,
+    /// The gateway's tokio worker threads.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    workers: u64,
+    /// Skip the untraced max search and use this rate (req/s).
+    #[arg(long)]
+    max_rate: Option<f64>,
+}
+
+fn fraction(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
+        _ => Err(format!("expected a fraction in (0, 1], got {text}")),
+    }
+}
+
+fn seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Ok(s),
+        _ => Err(format!("expected seconds in (0, 3600], got {text}")),
+    }
+}
+
+/// The tracer's binaries.
+struct TracerBins {
+    tracer: PathBuf,
+    crosscheck: PathBuf,
+    validate: PathBuf,
+}
+
+fn build_tracer_bins() -> anyhow::Result<TracerBins> {
+    eprintln!("xtask: cargo build --release -p tracer --bins");
+    let output = Command::new(env!("CARGO"))
+        .current_dir(procs::workspace_root())
+        .args(["build", "--release", "-p", "tracer", "--bins"])
+        .args(["--message-format", "json-render-diagnostics"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo build -p tracer")?;
+    ensure!(
+        output.status.success(),
+        "cargo build --release -p tracer failed ({})",
+        output.status
+    );
+    let executables: Vec<PathBuf> = output
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter_map(|line| serde_json::from_slice::<Value>(line).ok())
+        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .collect();
+    let find = |name: &str| {
+        executables
+            .iter()
+            .find(|p| p.file_name().is_some_and(|f| f == name))
+            .cloned()
+            .with_context(|| format!("cargo build produced no `{name}` binary"))
+    };
+    Ok(TracerBins {
+        tracer: find("tracer")?,
+        crosscheck: find("crosscheck")?,
+        validate: find("tracer-validate")?,
+    })
+}
+
+/// Everything the parts share.
+struct Bench {
+    bins: Binaries,
+    tracer: TracerBins,
+    gateway: Gateway,
+    _mock: MockUpstream,
+    key: String,
+    work: PathBuf,
+    load_cpus: String,
+    runs: u64,
+}
+
+/// A tracer attached to the gateway, writing into `dir`.
+struct Traced {
+    proc: Proc,
+    dir: PathBuf,
+}
+
+impl Bench {
+    fn loadgen_flags(&self, extra: &[String]) -> Vec<String> {
+        let mut all = strings(&["--url", &self.gateway.url, "--key", &self.key]);
+        all.extend_from_slice(extra);
+        all
+    }
+
+    /// Runs loadgen with `--out` and returns its JSON summary.
+    fn loadgen(&mut self, extra: &[String], timeout: Duration) -> anyhow::Result<Value> {
+        self.runs += 1;
+        let out = self.work.join(format!("loadgen-{}.json", self.runs));
+        let mut flags = self.loadgen_flags(extra);
+        flags.extend(strings(&["--out", &path_arg(&out)]));
+        run_loadgen(
+            &self.bins,
+            Some(&self.load_cpus),
+            &flags,
+            timeout,
+            &self.work,
+        )?;
+        let text =
+            fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    fn open_loop(&mut self, rate: f64, seconds: f64, extra: &[&str]) -> anyhow::Result<Value> {
+        let mut flags = strings(&[
+            "--rate",
+            &format!("{rate:.3}"),
+            "--duration",
+            &seconds.to_string(),
+            "--connections",
+            &CONNECTIONS.to_string(),
+            "--warmup",
+            "0",
+        ]);
+        flags.extend(strings(extra));
+        self.loadgen(&flags, Duration::from_secs_f64(seconds + 60.0))
+    }
+
+    fn find_max(&mut self, step_s: f64) -> anyhow::Result<f64> {
+        let json = self.loadgen(
+            &strings(&["--find-max", "--duration", &step_s.to_string()]),
+            Duration::from_secs(600),
+        )?;
+        json["max_rate"]
+            .as_f64()
+            .filter(|r| *r > 0.0)
+            .context("loadgen --find-max reported no max_rate")
+    }
+
+    /// Starts `tracer record` on the load CPUs and waits until its programs are attached.
+    fn attach(&mut self, name: &str, extra: &[&str]) -> anyhow::Result<Traced> {
+        let dir = self.work.join(name);
+        fs::create_dir_all(&dir)?;
+        let mut flags = strings(&[
+            "record",
+            "--pid",
+            &self.gateway.proc.pid().to_string(),
+            "--out",
+            &path_arg(&dir),
+        ]);
+        flags.extend(strings(extra));
+        let log_dir = dir.clone();
+        let proc = Proc::spawn(
+            "tracer",
+            Some(&self.load_cpus),
+            &self.tracer.tracer,
+            &flags,
+            &log_dir,
+            false,
+        )?;
+        let log = dir.join("tracer.log");
+        let deadline = Instant::now() + TRACER_READY_TIMEOUT;
+        loop {
+            if fs::read_to_string(&log).is_ok_and(|t| t.contains(TRACER_READY)) {
+                return Ok(Traced { proc, dir });
+            }
+            if exited(proc.pid()) {
+                bail!("the tracer exited before attaching{}", proc.log_tail());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the tracer did not attach within {TRACER_READY_TIMEOUT:?}{}",
+                proc.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Traced {
+    /// SIGINT, wait for its files, and return its breakdown.json.
+    fn stop(mut self) -> anyhow::Result<(Value, PathBuf)> {
+        // SAFETY: signalling our own child, not reaped yet.
+        unsafe { libc::kill(self.proc.pid() as libc::pid_t, libc::SIGINT) };
+        let status = self.proc.wait_timeout(TRACER_FINISH_TIMEOUT)?;
+        ensure!(
+            status.success(),
+            "the tracer failed ({status}){}",
+            self.proc.log_tail()
+        );
+        let path = self.dir.join("breakdown.json");
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        Ok((serde_json::from_str(&text)?, self.dir))
+    }
+}
+
+/// Whether `pid` has exited (gone, or a zombie).
+fn exited(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn path_arg(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// Runs one of the tracer's analysis binaries and parses its JSON stdout.
+fn analysis(program: &Path, args: &[String]) -> anyhow::Result<Value> {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {}", program.display()))?;
+    ensure!(
+        output.status.success(),
+        "{} {} failed ({}): {}",
+        program.display(),
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    Ok(serde_json::from_slice(&output.stdout)?)
+}
+
+fn latency(loadgen: &Value, key: &str) -> f64 {
+    loadgen["latency_us"][key].as_f64().unwrap_or(f64::NAN)
+}
+
+/// The first CPU of a `taskset -c` list ("0", "0-1", "0,2").
+fn first_cpu(list: &str) -> usize {
+    list.split([',', '-'])
+        .next()
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "cargo xtask validate attaches eBPF programs: run it as root"
+    );
+    crate::setup::ensure()?;
+    let started = Instant::now();
+    let (duration, window, loss_s, soak) = if args.quick {
+        (5.0, 3.0, 3.0, 30.0)
+    } else {
+        (args.duration, args.window, args.loss_duration, args.soak)
+    };
+    let find_max_step = if args.quick { 1.0 } else { 2.0 };
+    let out = args.out.clone().unwrap_or_else(|| {
+        procs::workspace_root()
+            .join("profiles")
+            .join(format!("validation-{}", utc_now().date()))
+    });
+    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let work = tempfile::Builder::new()
+        .prefix("xtask-validate-")
+        .tempdir()?;
+
+    let bins = Binaries::build()?;
+    let tracer = build_tracer_bins()?;
+    let load_cpus = Some(args.load_cpus.as_str());
+    let mock = start_mock_upstream(&bins, load_cpus, 0, work.path())?;
+    let db = work.path().join("ledger.db");
+    let key = init_demo_db(&bins, &db, &mock.url)?;
+    let gateway = start_gateway(
+        &bins,
+        Some(&args.gateway_cpus),
+        &db,
+        args.workers as usize,
+        work.path(),
+    )?;
+    let gateway_pid = gateway.proc.pid();
+    let mut pinning = vec![
+        json!({"process": "gateway", "asked": args.gateway_cpus, "applied": gateway.proc.cpus_allowed()?}),
+        json!({"process": "mock-upstream", "asked": args.load_cpus, "applied": mock.proc.cpus_allowed()?}),
+        json!({"process": "loadgen", "asked": args.load_cpus, "applied": format!("{} (taskset)", args.load_cpus)}),
+    ];
+    eprintln!(
+        "xtask: gateway pid {gateway_pid} at {} (CPUs {})",
+        gateway.url, args.gateway_cpus
+    );
+    let mut bench = Bench {
+        bins,
+        tracer,
+        gateway,
+        _mock: mock,
+        key,
+        work: work.path().to_owned(),
+        load_cpus: args.load_cpus.clone(),
+        runs: 0,
+    };
+    let gateway_cpu = first_cpu(&args.gateway_cpus);
+
+    // 1. Max throughput, untraced.
+    let (max_untraced, max_source) = match args.max_rate {
+        Some(r) => (r, "--max-rate"),
+        None => {
+            eprintln!("xtask: [1/6] max throughput, untraced");
+            (bench.find_max(find_max_step)?, "loadgen --find-max")
+        }
+    };
+    let rate = args.load * max_untraced;
+    eprintln!("xtask: max {max_untraced:.0} req/s → {rate:.0} req/s");
+    // An untraced warm-up at the rate, so the first window does not pay for cold caches.
+    bench.open_loop(rate, 3.0, &[])?;
+
+    // 2. Accuracy (and the cross-check), traced.
+    eprintln!("xtask: [2/6] accuracy, {duration} s traced at {rate:.0} req/s");
+    let raw = work.path().join("raw.events");
+    let traced = bench.attach("accuracy", &["--raw-events", &path_arg(&raw)])?;
+    pinning.push(json!({"process": "tracer", "asked": args.load_cpus, "applied": traced.proc.cpus_allowed()?}));
+    let client_csv = work.path().join("accuracy-client.csv");
+    let accuracy_load =
+        bench.open_loop(rate, duration, &["--requests-out", &path_arg(&client_csv)]);
+    let (accuracy_breakdown, accuracy_dir) = traced.stop()?;
+    let accuracy_load = accuracy_load?;
+    let accuracy = analysis(
+        &bench.tracer.validate,
+        &strings(&[
+            "accuracy",
+            "--client",
+            &path_arg(&client_csv),
+            "--tracer",
+            &path_arg(&accuracy_dir),
+        ]),
+    )?;
+    let crosscheck_json = work.path().join("crosscheck.json");
+    let crosscheck = analysis_file(
+        &bench.tracer.crosscheck,
+        &strings(&[
+            &path_arg(&raw),
+            "--breakdown",
+            &path_arg(&accuracy_dir.join("breakdown.json")),
+            "--out",
+            &path_arg(&crosscheck_json),
+        ]),
+        &crosscheck_json,
+    )?;
+    let _ = fs::remove_file(&raw);
+    fs::copy(
+        accuracy_dir.join("breakdown.json"),
+        out.join("accuracy-breakdown.json"),
+    )?;
+
+    // 3. Probe effect: flipping pairs of windows.
+    eprintln!(
+        "xtask: [3/6] A/B, {} windows of {window} s per arm at {rate:.0} req/s",
+        args.windows
+    );
+    let mut windows = Vec::new();
+    for i in 0..(2 * args.windows as usize) {
+        let traced_arm = i % 4 == 1 || i % 4 == 2;
+        let tracer = if traced_arm {
+            Some(bench.attach(&format!("ab-{i}"), &[])?)
+        } else {
+            None
+        };
+        let (cpu_before, cpu0_before) = (
+            procstat::cpu_seconds(gateway_pid),
+            procstat::cpu_times(gateway_cpu),
+        );
+        let load = bench.open_loop(rate, window, &[]);
+        let (cpu_after, cpu0_after) = (
+            procstat::cpu_seconds(gateway_pid),
+            procstat::cpu_times(gateway_cpu),
+        );
+        let breakdown = tracer.map(Traced::stop).transpose()?;
+        let load = load?;
+        let ok = load["ok"].as_f64().unwrap_or(0.0);
+        let cpu_s = cpu_after.zip(cpu_before).map(|(a, b)| a - b);
+        let window = json!({
+            "index": i,
+            "arm": if traced_arm { "traced" } else { "untraced" },
+            "p50_us": latency(&load, "p50"),
+            "p99_us": latency(&load, "p99"),
+            "p999_us": latency(&load, "p999"),
+            "max_us": latency(&load, "max"),
+            "ok": load["ok"],
+            "errors": load["errors"],
+            "achieved_rate": load["achieved_rate"],
+            "gateway_cpu_s": cpu_s,
+            "gateway_cpu_us_per_request": cpu_s.map(|s| s * 1e6 / ok.max(1.0)),
+            "gateway_cpu_share": cpu_s.map(|s| s / window),
+            "cpu0_busy": cpu0_before.zip(cpu0_after).map(|(b, a)| b.busy_share_until(&a)),
+            "tracer_lost_events": breakdown.as_ref().map(|(b, _)| b["lost_events"].clone()),
+            "tracer_requests": breakdown.as_ref().map(|(b, _)| b["requests"].clone()),
+        });
+        eprintln!(
+            "xtask:   window {i} {}: p50 {:.0} µs p99 {:.0} µs, {:.1} µs CPU/request",
+            window["arm"].as_str().unwrap_or("?"),
+            window["p50_us"].as_f64().unwrap_or(f64::NAN),
+            window["p99_us"].as_f64().unwrap_or(f64::NAN),
+            window["gateway_cpu_us_per_request"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
+        );
+        windows.push(window);
+    }
+    let windows_json = work.path().join("windows.json");
+    fs::write(&windows_json, serde_json::to_string(&windows)?)?;
+    let ab = analysis(
+        &bench.tracer.validate,
+        &strings(&["ab", "--windows", &path_arg(&windows_json)]),
+    )?;
+
+    // 4. Max throughput, traced.
+    eprintln!("xtask: [4/6] max throughput, traced");
+    let traced = bench.attach("find-max-traced", &[])?;
+    let max_traced = bench.find_max(find_max_step);
+    let (max_traced_breakdown, _) = traced.stop()?;
+    let max_traced = max_traced?;
+
+    // 5. Loss.
+    eprintln!(
+        "xtask: [5/6] loss at 100% and 150% of max, and with a {} MiB ring",
+        args.forced_ring_mib
+    );
+    let mut loss_runs = Vec::new();
+    let forced_ring = args.forced_ring_mib.to_string();
+    let loss_plan: [(&str, f64, Vec<&str>); 3] = [
+        ("load-100pct", 1.0, vec![]),
+        ("load-150pct", 1.5, vec![]),
+        (
+            "forced-loss",
+            args.load,
+            vec!["--ring-mib", forced_ring.as_str()],
+        ),
+    ];
+    for (name, factor, extra) in loss_plan {
+        let traced = bench.attach(name, &extra)?;
+        let client_csv = work.path().join(format!("{name}-client.csv"));
+        // The forced-loss run stops the tracer's reader for a while: the kernel keeps
+        // writing into the small ring until it is full, then counts every failed reserve.
+        let stall = (!extra.is_empty()).then(|| {
+            let (pid, after) = (traced.proc.pid(), Duration::from_secs_f64(loss_s / 3.0));
+            let stall = Duration::from_secs_f64(args.forced_stall);
+            std::thread::spawn(move || {
+                std::thread::sleep(after);
+                // SAFETY: signalling our own child, not reaped (the main thread stops it only
+                // after the load has run, and this thread ends well before).
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) };
+                std::thread::sleep(stall);
+                // SAFETY: as above.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+            })
+        });
+        let load = bench.open_loop(
+            factor * max_untraced,
+            loss_s,
+            &["--requests-out", &path_arg(&client_csv)],
+        );
+        if let Some(stall) = stall {
+            let _ = stall.join();
+        }
+        let (breakdown, dir) = traced.stop()?;
+        let load = load?;
+        let accuracy = analysis(
+            &bench.tracer.validate,
+            &strings(&[
+                "accuracy",
+                "--client",
+                &path_arg(&client_csv),
+                "--tracer",
+                &path_arg(&dir),
+            ]),
+        )?;
+        let crossing = complete_requests_crossing_loss(&dir, &breakdown)?;
+        loss_runs.push(json!({
+            "name": name,
+            "rate": factor * max_untraced,
+            "ring_mib": if extra.is_empty() { Value::Null } else { json!(args.forced_ring_mib) },
+            "tracer_stopped_s": if extra.is_empty() { Value::Null } else { json!(args.forced_stall) },
+            "loadgen": {"ok": load["ok"], "errors": load["errors"], "achieved_rate": load["achieved_rate"],
+                        "p99_us": latency(&load, "p99")},
+            "lost_events": breakdown["lost_events"],
+            "requests": breakdown["requests"],
+            "incomplete": breakdown["incomplete"],
+            "incomplete_reasons": breakdown["incomplete_reasons"],
+            "loss_spans": breakdown.get("loss_spans").map_or(json!(null), |s| json!(s.as_array().map_or(0, Vec::len))),
+            "complete_crossing_loss": crossing,
+            "accuracy": accuracy,
+        }));
+    }
+
+    // 6. Soak.
+    eprintln!("xtask: [6/6] soak, {soak} s traced at {rate:.0} req/s");
+    let traced = bench.attach("soak", &[])?;
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (samples, sampling, pid) = (samples.clone(), sampling.clone(), traced.proc.pid());
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let mut next = Duration::ZERO;
+            while sampling.load(Ordering::SeqCst) {
+                if t0.elapsed() >= next {
+                    samples.lock().expect("sampler lock").push(json!({
+                        "t_s": t0.elapsed().as_secs_f64(),
+                        "cpu_s": procstat::cpu_seconds(pid),
+                        "rss_kib": procstat::status_kib(pid, "VmRSS"),
+                        "hwm_kib": procstat::status_kib(pid, "VmHWM"),
+                    }));
+                    next += SOAK_SAMPLE;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let soak_load = bench.open_loop(rate, soak, &[]);
+    let peak_rss_kib = procstat::status_kib(traced.proc.pid(), "VmHWM");
+    let cpu_at_end = procstat::cpu_seconds(traced.proc.pid());
+    sampling.store(false, Ordering::SeqCst);
+    let _ = sampler.join();
+    let (soak_breakdown, _) = traced.stop()?;
+    let soak_load = soak_load?;
+    let samples = std::mem::take(&mut *samples.lock().expect("sampler lock"));
+    let soak_json = json!({
+        "seconds": soak,
+        "rate": rate,
+        "loadgen": {"ok": soak_load["ok"], "errors": soak_load["errors"], "p99_us": latency(&soak_load, "p99")},
+        "tracer_peak_rss_kib": peak_rss_kib,
+        "tracer_cpu_s_at_end": cpu_at_end,
+        "cpu_per_minute": cpu_per_minute(&samples),
+        "samples": samples,
+        "requests": soak_breakdown["requests"],
+        "incomplete": soak_breakdown["incomplete"],
+        "lost_events": soak_breakdown["lost_events"],
+        "cost": soak_breakdown.get("cost").cloned(),
+    });
+
+    let machine = Machine::collect();
+    let validation = json!({
+        "command": command_line(&args),
+        "machine": machine,
+        "pinning": pinning,
+        "settings": {
+            "load": args.load, "quick": args.quick, "connections": CONNECTIONS,
+            "accuracy_s": duration, "window_s": window, "windows_per_arm": args.windows,
+            "loss_s": loss_s, "soak_s": soak, "workers": args.workers,
+            "forced_ring_mib": args.forced_ring_mib, "forced_stall_s": args.forced_stall,
+        },
+        "max_rate": {"untraced": max_untraced, "untraced_source": max_source, "traced": max_traced,
+                     "ratio_traced_untraced": max_traced / max_untraced},
+        "rate": rate,
+        "accuracy": {
+            "loadgen": {"ok": accuracy_load["ok"], "errors": accuracy_load["errors"],
+                        "achieved_rate": accuracy_load["achieved_rate"]},
+            "tracer": {"requests": accuracy_breakdown["requests"], "incomplete": accuracy_breakdown["incomplete"],
+                       "incomplete_reasons": accuracy_breakdown["incomplete_reasons"],
+                       "lost_events": accuracy_breakdown["lost_events"]},
+            "join": accuracy,
+        },
+        "crosscheck": crosscheck,
+        "ab": {"windows": windows, "comparison": ab},
+        "calibration": accuracy_breakdown.get("calibration").cloned(),
+        "cost": {
+            "accuracy_run": accuracy_breakdown.get("cost").cloned(),
+            "max_traced_run": max_traced_breakdown.get("cost").cloned(),
+            "hits_per_request": accuracy_breakdown["hits_per_request"],
+        },
+        "loss": loss_runs,
+        "soak": soak_json,
+        "wall_time_s": started.elapsed().as_secs_f64(),
+    });
+    fs::write(
+        out.join("validation.json"),
+        serde_json::to_string_pretty(&validation)? + "\n",
+    )?;
+    let readme = readme::write(&out, &validation)?;
+    eprintln!(
+        "xtask: validation written to {} in {:.0} s",
+        readme.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Runs an analysis binary that writes its JSON to `out` (and a table to stdout).
+fn analysis_file(program: &Path, args: &[String], out: &Path) -> anyhow::Result<Value> {
+    let status = Command::new(program)
+        .args(args)
+        .stdout(Stdio::inherit())
+        .status()
+        .with_context(|| format!("running {}", program.display()))?;
+    ensure!(status.success(), "{} failed ({status})", program.display());
+    let text = fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// Complete requests of `dir/requests.csv` whose [t_arrive, t_done] overlaps a loss span of
+/// breakdown.json's `loss_spans` (must be 0), or null when the tracer did not list its spans.
+fn complete_requests_crossing_loss(dir: &Path, breakdown: &Value) -> anyhow::Result<Value> {
+    let Some(spans) = breakdown.get("loss_spans").and_then(Value::as_array) else {
+        return Ok(Value::Null);
+    };
+    let spans: Vec<(u64, u64)> = spans
+        .iter()
+        .filter_map(|s| Some((s[0].as_u64()?, s[1].as_u64()?)))
+        .collect();
+    let text = fs::read_to_string(dir.join("requests.csv"))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let (Some(a), Some(d)) = (col("t_arrive_ns"), col("t_done_ns")) else {
+        bail!("requests.csv has no t_arrive_ns/t_done_ns columns");
+    };
+    let mut crossing = 0u64;
+    for line in lines {
+        let f: Vec<&str> = line.split(',').collect();
+        let (Some(Ok(arrive)), Some(Ok(done))) = (
+            f.get(a).map(|v| v.parse::<u64>()),
+            f.get(d).map(|v| v.parse::<u64>()),
+        ) else {
+            continue;
+        };
+        crossing += u64::from(spans.iter().any(|&(from, to)| from <= done && to >= arrive));
+    }
+    Ok(json!(crossing))
+}
+
+/// Tracer CPU seconds per minute, from the soak's samples (first to last within each minute).
+fn cpu_per_minute(samples: &[Value]) -> Vec<Value> {
+    let points: Vec<(f64, f64)> = samples
+        .iter()
+        .filter_map(|s| Some((s["t_s"].as_f64()?, s["cpu_s"].as_f64()?)))
+        .collect();
+    let mut out = Vec::new();
+    let mut minute = 0;
+    loop {
+        let (from, to) = (minute as f64 * 60.0, (minute + 1) as f64 * 60.0);
+        let inside: Vec<&(f64, f64)> = points
+            .iter()
+            .filter(|(t, _)| *t >= from && *t <= to + 0.5)
+            .collect();
+        let (Some(first), Some(last)) = (inside.first(), inside.last()) else {
+            break;
+        };
+        if last.0 - first.0 > 1.0 {
+            out.push(json!({
+                "minute": minute,
+                "cpu_s": last.1 - first.1,
+                "span_s": last.0 - first.0,
+                "cpu_share": (last.1 - first.1) / (last.0 - first.0),
+            }));
+        }
+        minute += 1;
+    }
+    out
+}
+
+fn command_line(args: &Args) -> String {
+    let mut line = format!(
+        "cargo xtask validate --load {} --duration {} --windows {} --window {} --loss-duration {} --soak {}",
+        args.load, args.duration, args.windows, args.window, args.loss_duration, args.soak
+    );
+    if args.quick {
+        line += " --quick";
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_checked() {
+        assert!(fraction("0.25").is_ok());
+        for bad in ["0", "1.5", "x", "-1"] {
+            assert!(fraction(bad).is_err(), "{bad}");
+        }
+        assert!(seconds("0").is_err() && seconds("300").is_ok());
+        assert_eq!(
+            (first_cpu("0"), first_cpu("2-3"), first_cpu("1,3")),
+            (0, 2, 1)
+        );
+    }
+
+    #[test]
+    fn cpu_per_minute_from_samples() {
+        let samples: Vec<Value> = (0..=12)
+            .map(|i| json!({"t_s": i as f64 * 10.0, "cpu_s": i as f64 * 0.5}))
+            .collect();
+        let minutes = cpu_per_minute(&samples);
+        assert_eq!(minutes.len(), 2);
+        assert_eq!(minutes[0]["cpu_s"], 3.0);
+        assert_eq!(minutes[1]["cpu_share"], 0.05);
+    }
+
+    #[test]
+    fn crossing_loss_spans() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(
+            dir.path().join("requests.csv"),
+            "request_id,status,t_arrive_ns,t_done_ns\n1,200,100,200\n2,200,300,400\n",
+        )
+        .unwrap();
+        let none = complete_requests_crossing_loss(dir.path(), &json!({})).unwrap();
+        assert_eq!(none, Value::Null);
+        let b = json!({"loss_spans": [[150, 160], [500, 600]]});
+        assert_eq!(complete_requests_crossing_loss(dir.path(), &b).unwrap(), 1);
+    }
 }

@@ -1,0 +1,441 @@
+//! README.md of a validation run, written only from validation.json's figures.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+fn num(v: &Value, digits: usize) -> String {
+    match v.as_f64() {
+        Some(x) if x.is_finite() => format!("{x:.digits$}"),
+        _ => "—".to_owned(),
+    }
+}
+
+fn json_f64(x: f64) -> Value {
+    serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
+}
+
+fn int(v: &Value) -> String {
+    v.as_u64().map_or_else(|| num(v, 0), |n| n.to_string())
+}
+
+/// `median (min–max)` of a spread object.
+fn spread(v: &Value, digits: usize) -> String {
+    format!(
+        "{} ({}–{})",
+        num(&v["median"], digits),
+        num(&v["min"], digits),
+        num(&v["max"], digits)
+    )
+}
+
+pub fn write(dir: &Path, v: &Value) -> anyhow::Result<PathBuf> {
+    let mut md = String::new();
+    render(&mut md, v).expect("writing to a String");
+    let path = dir.join("README.md");
+    std::fs::write(&path, md)?;
+    Ok(path)
+}
+
+fn render(md: &mut String, v: &Value) -> std::fmt::Result {
+    let m = &v["machine"];
+    writeln!(md, "# Tracer validation\n")?;
+    writeln!(
+        md,
+        "Every figure below is read from `validation.json` of the same run. Command: `{}`.\n",
+        v["command"].as_str().unwrap_or("?")
+    )?;
+    writeln!(
+        md,
+        "- machine: {} × {}, {} GiB; kernel Linux {}",
+        int(&m["cpus"]),
+        m["cpu_model"].as_str().unwrap_or("?"),
+        num(&m["memory_gib"], 1),
+        m["kernel"].as_str().unwrap_or("?")
+    )?;
+    writeln!(
+        md,
+        "- commit `{}`, {}; load average at start {}",
+        m["commit"].as_str().unwrap_or("?"),
+        m["date"].as_str().unwrap_or("?"),
+        m["load_average"].as_str().unwrap_or("?")
+    )?;
+    if let Some(dirty) = m["uncommitted"].as_array().filter(|d| !d.is_empty()) {
+        let list: Vec<String> = dirty
+            .iter()
+            .filter_map(Value::as_str)
+            .map(|p| format!("`{p}`"))
+            .collect();
+        writeln!(md, "- uncommitted at run time: {}", list.join(", "))?;
+    }
+    let pins: Vec<String> = v["pinning"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            format!(
+                "{} on CPU {}",
+                p["process"].as_str().unwrap_or("?"),
+                p["applied"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    writeln!(md, "- pinning (as applied): {}", pins.join("; "))?;
+    let s = &v["settings"];
+    writeln!(
+        md,
+        "- load {} of the untraced max = **{} req/s** over {} connections; max untraced {} req/s ({})\n",
+        num(&s["load"], 2),
+        num(&v["rate"], 0),
+        int(&s["connections"]),
+        num(&v["max_rate"]["untraced"], 0),
+        v["max_rate"]["untraced_source"].as_str().unwrap_or("?")
+    )?;
+
+    // 1. Accuracy.
+    let a = &v["accuracy"];
+    let j = &a["join"];
+    let g = &j["client_minus_tracer"];
+    writeln!(
+        md,
+        "## 1. Accuracy against the client ({} s traced)\n",
+        num(&s["accuracy_s"], 0)
+    )?;
+    writeln!(
+        md,
+        "Joined by request id on CLOCK_MONOTONIC: loadgen's `received − sent` minus the tracer's \
+         `t_done − t_arrive` (loopback and client-stack time; must be ≥ 0).\n"
+    )?;
+    writeln!(md, "| figure | value |\n|---|---|")?;
+    writeln!(
+        md,
+        "| 2xx responses (loadgen) | {} |",
+        int(&a["loadgen"]["ok"])
+    )?;
+    writeln!(
+        md,
+        "| complete in the tracer / incomplete | {} / {} |",
+        int(&a["tracer"]["requests"]),
+        int(&a["tracer"]["incomplete"])
+    )?;
+    writeln!(md, "| matched by id | {} |", int(&j["matched"]))?;
+    writeln!(
+        md,
+        "| client − tracer p50 / p99 / max (µs) | {} / {} / {} |",
+        num(&g["p50_us"], 1),
+        num(&g["p99_us"], 1),
+        num(&g["max_us"], 1)
+    )?;
+    writeln!(
+        md,
+        "| client − tracer min (µs) | {} |",
+        num(&g["min_us"], 1)
+    )?;
+    writeln!(
+        md,
+        "| **negative gaps** (target 0) | **{}** |",
+        int(&j["negative"])
+    )?;
+    writeln!(
+        md,
+        "| t_arrive < sent / t_done > received | {} / {} |",
+        int(&j["arrive_before_sent"]),
+        int(&j["done_after_received"])
+    )?;
+    writeln!(
+        md,
+        "| answered by the gateway, not complete in the tracer (200s among them) | {} ({}) |",
+        int(&j["client_only"]),
+        int(&j["untraced_ok"])
+    )?;
+    writeln!(
+        md,
+        "| complete in the tracer, unknown to the client | {} |",
+        int(&j["tracer_only"])
+    )?;
+    writeln!(
+        md,
+        "| events lost | {} |\n",
+        int(&a["tracer"]["lost_events"])
+    )?;
+    if let Some(reasons) = a["tracer"]["incomplete_reasons"]
+        .as_object()
+        .filter(|r| !r.is_empty())
+    {
+        let list: Vec<String> = reasons
+            .iter()
+            .map(|(r, n)| format!("{r}: {}", int(n)))
+            .collect();
+        writeln!(md, "Incomplete by reason: {}.\n", list.join("; "))?;
+    }
+
+    // 2. Probe effect.
+    let c = &v["ab"]["comparison"];
+    writeln!(
+        md,
+        "## 2. Probe effect: A/B at {} req/s\n",
+        num(&v["rate"], 0)
+    )?;
+    writeln!(
+        md,
+        "{} traced and {} untraced windows of {} s, in flipping pairs (U T T U U T …) so drift \
+         falls on both arms. Client-side latency from the scheduled send. Values: median over \
+         windows (min–max); the paired ratio is traced/untraced of neighbouring windows.\n",
+        int(&c["traced_windows"]),
+        int(&c["untraced_windows"]),
+        num(&s["window_s"], 0)
+    )?;
+    writeln!(
+        md,
+        "| metric | untraced | traced | ratio of medians | paired ratio |\n|---|---|---|---|---|"
+    )?;
+    for (key, label, digits) in [
+        ("p50_us", "p50 µs", 0),
+        ("p99_us", "p99 µs", 0),
+        ("p999_us", "p99.9 µs", 0),
+        ("gateway_cpu_us_per_request", "gateway CPU µs / request", 1),
+        ("cpu0_busy", "CPU 0 busy share", 3),
+    ] {
+        let x = &c["metrics"][key];
+        writeln!(
+            md,
+            "| {label} | {} | {} | **{}** | {} |",
+            spread(&x["untraced"], digits),
+            spread(&x["traced"], digits),
+            num(&x["ratio_of_medians"], 3),
+            spread(&x["paired_ratio"], 3)
+        )?;
+    }
+    writeln!(
+        md,
+        "\n| window | arm | p50 µs | p99 µs | p99.9 µs | 2xx | gateway CPU µs/req | gateway share of CPU 0 | CPU 0 busy |\n|---|---|---|---|---|---|---|---|---|"
+    )?;
+    for w in v["ab"]["windows"].as_array().into_iter().flatten() {
+        writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            int(&w["index"]),
+            w["arm"].as_str().unwrap_or("?"),
+            num(&w["p50_us"], 0),
+            num(&w["p99_us"], 0),
+            num(&w["p999_us"], 0),
+            int(&w["ok"]),
+            num(&w["gateway_cpu_us_per_request"], 1),
+            num(&w["gateway_cpu_share"], 3),
+            num(&w["cpu0_busy"], 3)
+        )?;
+    }
+    writeln!(
+        md,
+        "\nCPU 0 busy counts every process on CPU 0, the gateway's share only the gateway: the \
+         difference is other work on the machine.\n"
+    )?;
+    writeln!(
+        md,
+        "Target: ratio ≤ 1.03 at p50 and p99. Max throughput: untraced {} req/s, traced {} req/s \
+         (ratio {}).\n",
+        num(&v["max_rate"]["untraced"], 0),
+        num(&v["max_rate"]["traced"], 0),
+        num(&v["max_rate"]["ratio_traced_untraced"], 3)
+    )?;
+
+    // 3. Cost.
+    writeln!(md, "## 3. Probe cost\n")?;
+    match v["calibration"].as_object() {
+        Some(cal) => {
+            writeln!(md, "Calibration at tracer start (ns per hit):\n")?;
+            for (k, x) in cal {
+                writeln!(md, "- {k}: {x}")?;
+            }
+            writeln!(md)?;
+        }
+        None => writeln!(
+            md,
+            "Calibration: the tracer reported no `calibration` section in this run (not built yet).\n"
+        )?,
+    }
+    let h = &v["cost"]["hits_per_request"];
+    writeln!(
+        md,
+        "Hits per complete request (accuracy run): sites {}, syscalls {}, sock {}, sched {}, samples {}.\n",
+        num(&h["sites"], 1),
+        num(&h["syscalls"], 1),
+        num(&h["sock"], 1),
+        num(&h["sched"], 1),
+        num(&h["samples"], 2)
+    )?;
+    let cost = &v["cost"]["accuracy_run"];
+    if cost.is_object() {
+        writeln!(
+            md,
+            "BPF_ENABLE_STATS over the accuracy run ({}):\n",
+            cost["bpf_stats"].as_str().unwrap_or("?")
+        )?;
+        writeln!(
+            md,
+            "| program (kernel name, 15 chars) | id | runs | mean ns |\n|---|---|---|---|"
+        )?;
+        for p in cost["bpf"]["programs"].as_array().into_iter().flatten() {
+            writeln!(
+                md,
+                "| {} | {} | {} | {} |",
+                p["name"].as_str().unwrap_or("?"),
+                int(&p["id"]),
+                int(&p["run_count"]),
+                num(&p["mean_ns"], 0)
+            )?;
+        }
+        let requests = v["accuracy"]["tracer"]["requests"].as_f64().unwrap_or(0.0);
+        let bpf_ns = cost["bpf"]["total_run_time_ns"]
+            .as_f64()
+            .unwrap_or(f64::NAN);
+        writeln!(
+            md,
+            "\nBPF run time per complete request: **{} µs** (all programs' run time over the \
+             session / complete requests; it excludes the uprobe trap itself and the stats' own \
+             clock reads).",
+            num(&json_f64(bpf_ns / requests / 1000.0), 1)
+        )?;
+        writeln!(
+            md,
+            "\nPrograms' kernel time: {} of one CPU. Tracer process: {} s user + {} s system \
+             (session {} s), peak RSS {} KiB.\n",
+            num(&cost["bpf"]["cpu_share"], 4),
+            num(&cost["tracer"]["cpu_user_s"], 2),
+            num(&cost["tracer"]["cpu_system_s"], 2),
+            num(&cost["session_s"], 1),
+            int(&cost["tracer"]["peak_rss_kib"])
+        )?;
+    } else {
+        writeln!(
+            md,
+            "BPF program statistics: the tracer reported no `cost` section in this run.\n"
+        )?;
+    }
+
+    // 4. Loss.
+    writeln!(md, "## 4. Loss\n")?;
+    writeln!(
+        md,
+        "| run | rate req/s | ring MiB | 2xx | events lost | complete | incomplete | negative gaps | complete across a loss span |\n|---|---|---|---|---|---|---|---|---|"
+    )?;
+    for r in v["loss"].as_array().into_iter().flatten() {
+        writeln!(
+            md,
+            "| {} | {} | {} | {} | **{}** | {} | **{}** | {} | {} |",
+            r["name"].as_str().unwrap_or("?"),
+            num(&r["rate"], 0),
+            r["ring_mib"]
+                .as_u64()
+                .map_or("default".to_owned(), |n| n.to_string()),
+            int(&r["loadgen"]["ok"]),
+            int(&r["lost_events"]),
+            int(&r["requests"]),
+            int(&r["incomplete"]),
+            int(&r["accuracy"]["negative"]),
+            if r["complete_crossing_loss"].is_null() {
+                "not reported".to_owned()
+            } else {
+                int(&r["complete_crossing_loss"])
+            }
+        )?;
+    }
+    writeln!(
+        md,
+        "\nRequests overlapping a loss span are counted incomplete and excluded from every \
+         percentile; none is attributed from partial events.\n"
+    )?;
+
+    // 5. Soak.
+    let k = &v["soak"];
+    writeln!(
+        md,
+        "## 5. Soak: {} s at {} req/s\n",
+        num(&k["seconds"], 0),
+        num(&k["rate"], 0)
+    )?;
+    let peak = k["tracer_peak_rss_kib"].as_f64();
+    writeln!(
+        md,
+        "Tracer peak RSS (VmHWM) **{} MiB** (target < 256 MiB); {} complete, {} incomplete, {} events lost.\n",
+        peak.map_or("—".to_owned(), |kib| format!("{:.1}", kib / 1024.0)),
+        int(&k["requests"]),
+        int(&k["incomplete"]),
+        int(&k["lost_events"])
+    )?;
+    writeln!(
+        md,
+        "| minute | tracer CPU s | share of one CPU |\n|---|---|---|"
+    )?;
+    for p in k["cpu_per_minute"].as_array().into_iter().flatten() {
+        writeln!(
+            md,
+            "| {} | {} | {} |",
+            int(&p["minute"]),
+            num(&p["cpu_s"], 2),
+            num(&p["cpu_share"], 3)
+        )?;
+    }
+    writeln!(md)?;
+
+    // 6. Cross-check.
+    writeln!(md, "## 6. Independent cross-check (accuracy run)\n")?;
+    writeln!(
+        md,
+        "`crosscheck` aggregates the raw event dump by itself (fsync = SYSCALL exit − enter; \
+         run-queue delay = wakeup of a blocked thread or preemption → switch-in), beside the \
+         model's figures from breakdown.json `kernel`.\n"
+    )?;
+    match v["crosscheck"]["comparison"].as_object() {
+        Some(cmp) => {
+            writeln!(
+                md,
+                "| distribution | source | count | p50 µs | p99 µs | max µs |\n|---|---|---|---|---|---|"
+            )?;
+            for (name, x) in cmp {
+                for source in ["independent", "model"] {
+                    let d = &x[source];
+                    writeln!(
+                        md,
+                        "| {name} | {source} | {} | {} | {} | {} |",
+                        int(&d["count"]),
+                        num(&d["p50_us"], 1),
+                        num(&d["p99_us"], 1),
+                        num(&d["max_us"], 1)
+                    )?;
+                }
+            }
+        }
+        None => writeln!(md, "No comparison in this run.")?,
+    }
+    writeln!(
+        md,
+        "\nWall time of the whole validation: {} s.",
+        num(&v["wall_time_s"], 0)
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_figures_render_as_dashes_not_panics() {
+        let mut md = String::new();
+        render(&mut md, &serde_json::json!({})).unwrap();
+        for heading in [
+            "## 1. Accuracy",
+            "## 2. Probe effect",
+            "## 4. Loss",
+            "## 6. Independent",
+        ] {
+            assert!(md.contains(heading), "{heading}");
+        }
+        assert!(
+            md.contains("| **negative gaps** (target 0) | **—** |"),
+            "{md}"
+        );
+    }
+}
