@@ -1,0 +1,264 @@
+//! Accuracy invariants on a real gateway (root; skipped with a message otherwise):
+//! - a small open-loop run with the tracer attached: every 200 response is traced complete,
+//!   and for each, client send ≤ t_arrive ≤ t_done ≤ client receive (so no negative
+//!   `client − tracer` gap);
+//! - a forced-loss run (1 MiB ring, the tracer's reader stopped for 2 s): events are lost,
+//!   requests are marked incomplete, and no complete request overlaps a loss span or breaks
+//!   the invariants above.
+
+mod attach_common;
+
+use std::fs;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tracer::validate::accuracy::{self, Accuracy};
+
+/// A child killed and reaped on drop, so a failing assertion leaves nothing running.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Bins {
+    gateway: PathBuf,
+    mock_upstream: PathBuf,
+    loadgen: PathBuf,
+}
+
+/// `cargo build --release -p gateway -p loadgen`, reading the executables from cargo.
+fn build() -> Bins {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let output = Command::new(cargo)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .args(["build", "--release", "-p", "gateway", "-p", "loadgen"])
+        .args(["--message-format", "json-render-diagnostics"])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running cargo build");
+    assert!(output.status.success(), "cargo build failed");
+    let exes: Vec<PathBuf> = output
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter_map(|l| serde_json::from_slice::<serde_json::Value>(l).ok())
+        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .collect();
+    let find = |name: &str| {
+        exes.iter()
+            .find(|p| p.file_name().is_some_and(|f| f == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} binary"))
+    };
+    Bins {
+        gateway: find("gateway"),
+        mock_upstream: find("mock-upstream"),
+        loadgen: find("loadgen"),
+    }
+}
+
+/// Starts a server that prints `listening on ADDR`; returns it and the address.
+fn serve(command: &mut Command) -> (Running, String) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting a server");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let running = Running(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let addr = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("listening on ").map(str::to_owned))
+        .expect("server printed no `listening on ADDR`");
+    // Keep draining so the server never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (running, addr)
+}
+
+/// `tracer record` with `extra` flags, once its programs are attached.
+fn attach(pid: u32, out: &Path, extra: &[&str]) -> Running {
+    let log = fs::File::create(out.with_extension("log")).unwrap();
+    let child = attach_common::tracer()
+        .args(["record", "--pid", &pid.to_string(), "--out"])
+        .arg(out)
+        .args(["--sample-hz", "99"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starting the tracer");
+    let tracer = Running(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !fs::read_to_string(out.with_extension("log"))
+        .unwrap_or_default()
+        .contains("tracer: program ids")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the tracer did not attach: {}",
+            fs::read_to_string(out.with_extension("log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    tracer
+}
+
+fn signal(child: &Running, sig: libc::c_int) {
+    // SAFETY: our own child, not reaped yet.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, sig) };
+}
+
+/// SIGINT, then wait for the tracer to write its files; returns breakdown.json.
+fn stop(mut tracer: Running, out: &Path) -> serde_json::Value {
+    signal(&tracer, libc::SIGINT);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = tracer.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the tracer did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        status.success(),
+        "tracer failed: {}",
+        fs::read_to_string(out.with_extension("log")).unwrap_or_default()
+    );
+    serde_json::from_str(&fs::read_to_string(out.join("breakdown.json")).unwrap()).unwrap()
+}
+
+fn loadgen(bins: &Bins, url: &str, key: &str, rate: u32, secs: u32, csv: &Path) -> Command {
+    let mut command = Command::new(&bins.loadgen);
+    command
+        .args(["--url", url, "--key", key, "--rate", &rate.to_string()])
+        .args(["--duration", &secs.to_string(), "--warmup", "0"])
+        .args(["--connections", "8", "--quiet", "--requests-out"])
+        .arg(csv)
+        .stdout(Stdio::null());
+    command
+}
+
+fn join(client_csv: &Path, out: &Path) -> Accuracy {
+    let open = |p: PathBuf| BufReader::new(fs::File::open(p).unwrap());
+    let client = accuracy::read_client_csv(open(client_csv.to_owned())).unwrap();
+    let traced = accuracy::read_traced_csv(open(out.join("requests.csv"))).unwrap();
+    let incomplete = accuracy::read_incomplete_csv(open(out.join("incomplete.csv"))).unwrap();
+    accuracy::join(&client, &traced, &incomplete)
+}
+
+/// Complete requests overlapping one of breakdown.json's loss spans.
+fn crossing_loss(out: &Path, breakdown: &serde_json::Value) -> usize {
+    let spans: Vec<(u64, u64)> = breakdown["loss_spans"]
+        .as_array()
+        .expect("breakdown.json lists loss_spans")
+        .iter()
+        .map(|s| (s[0].as_u64().unwrap(), s[1].as_u64().unwrap()))
+        .collect();
+    let file = BufReader::new(fs::File::open(out.join("requests.csv")).unwrap());
+    let traced = accuracy::read_traced_csv(file).unwrap();
+    traced
+        .iter()
+        .filter(|r| {
+            spans
+                .iter()
+                .any(|&(from, to)| from <= r.t_done_ns && to >= r.t_arrive_ns)
+        })
+        .count()
+}
+
+#[test]
+fn client_and_tracer_agree_and_loss_is_never_attributed() {
+    if !attach_common::require_root("client_and_tracer_agree_and_loss_is_never_attributed") {
+        return;
+    }
+    let bins = build();
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, mock_addr) =
+        serve(Command::new(&bins.mock_upstream).args(["--listen", "127.0.0.1:0"]));
+    let db = dir.path().join("ledger.db");
+    let init = Command::new(&bins.gateway)
+        .args([
+            "init",
+            "--demo",
+            "--upstream",
+            &format!("http://{mock_addr}"),
+        ])
+        .arg("--db")
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "gateway init failed");
+    let key = String::from_utf8_lossy(&init.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("api_key=").map(str::to_owned))
+        .expect("api_key= line");
+    let (gateway, addr) = serve(
+        Command::new(&bins.gateway)
+            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1", "--db"])
+            .arg(&db),
+    );
+    let url = format!("http://{addr}");
+    let pid = gateway.0.id();
+
+    // A small open loop, traced.
+    let out = dir.path().join("small");
+    let tracer = attach(pid, &out, &[]);
+    let csv = dir.path().join("small-client.csv");
+    let status = loadgen(&bins, &url, &key, 200, 3, &csv).status().unwrap();
+    assert!(status.success(), "loadgen failed");
+    let breakdown = stop(tracer, &out);
+    let acc = join(&csv, &out);
+    assert!(acc.matched >= 500, "{acc:?}");
+    assert_eq!(
+        acc.untraced_ok(),
+        0,
+        "200s not traced: {:?}",
+        acc.untraced_ok_ids
+    );
+    assert_eq!(acc.gap.negative, 0, "negative gaps: {:?}", acc.negative_ids);
+    assert_eq!((acc.arrive_before_sent, acc.done_after_received), (0, 0));
+    assert_eq!((acc.tracer_only, acc.status_mismatch), (0, 0));
+    assert_eq!(breakdown["lost_events"], 0);
+
+    // Forced loss: a 1 MiB ring, and the reader stopped for 2 s mid-run.
+    let out = dir.path().join("forced");
+    let tracer = attach(pid, &out, &["--ring-mib", "1"]);
+    let csv = dir.path().join("forced-client.csv");
+    let mut load = Running(loadgen(&bins, &url, &key, 1000, 5, &csv).spawn().unwrap());
+    std::thread::sleep(Duration::from_secs(1));
+    signal(&tracer, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(&tracer, libc::SIGCONT);
+    assert!(load.0.wait().unwrap().success(), "loadgen failed");
+    let breakdown = stop(tracer, &out);
+    assert!(
+        breakdown["lost_events"].as_u64().unwrap() > 0,
+        "no loss forced"
+    );
+    assert!(
+        breakdown["incomplete"].as_u64().unwrap() > 0,
+        "no request marked incomplete"
+    );
+    assert_eq!(
+        crossing_loss(&out, &breakdown),
+        0,
+        "a complete request crosses a loss span"
+    );
+    let acc = join(&csv, &out);
+    assert!(acc.matched > 0, "{acc:?}");
+    assert_eq!(acc.gap.negative, 0, "negative gaps: {:?}", acc.negative_ids);
+    assert_eq!((acc.arrive_before_sent, acc.done_after_received), (0, 0));
+    assert_eq!((acc.tracer_only, acc.status_mismatch), (0, 0));
+
+    drop(gateway);
+    let uprobes = fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
+    let gateway_path = bins.gateway.display().to_string();
+    assert!(!uprobes.contains(&gateway_path), "uprobes left: {uprobes}");
+}
