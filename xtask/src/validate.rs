@@ -85,6 +85,9 @@ pub struct Args {
     /// Skip the untraced max search and use this rate (req/s).
     #[arg(long)]
     max_rate: Option<f64>,
+    /// Only re-render DIR/README.md from DIR/validation.json (no run).
+    #[arg(long, value_name = "DIR")]
+    render: Option<PathBuf>,
 }
 
 fn fraction(text: &str) -> Result<f64, String> {
@@ -315,6 +318,14 @@ fn first_cpu(list: &str) -> usize {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(dir) = &args.render {
+        let path = dir.join("validation.json");
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let readme = readme::write(dir, &serde_json::from_str(&text)?)?;
+        eprintln!("xtask: wrote {}", readme.display());
+        return Ok(());
+    }
     // SAFETY: geteuid has no preconditions.
     ensure!(
         unsafe { libc::geteuid() } == 0,

@@ -93,6 +93,8 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
         v["max_rate"]["untraced_source"].as_str().unwrap_or("?")
     )?;
 
+    reading(md, v)?;
+
     // 1. Accuracy.
     let a = &v["accuracy"];
     let j = &a["join"];
@@ -415,6 +417,92 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
         num(&v["wall_time_s"], 0)
     )?;
     Ok(())
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+/// A few sentences computed from the figures: what holds, what misses, and what the CPU
+/// figures say about why.
+fn reading(md: &mut String, v: &Value) -> std::fmt::Result {
+    writeln!(md, "## Reading (computed from the figures below)\n")?;
+    let j = &v["accuracy"]["join"];
+    writeln!(
+        md,
+        "- Accuracy: {} requests matched by id; {} negative `client − tracer` gaps; {} 200s \
+         not traced complete.",
+        int(&j["matched"]),
+        int(&j["negative"]),
+        int(&j["untraced_ok"])
+    )?;
+    let m = &v["ab"]["comparison"]["metrics"];
+    let (p50, p99) = (
+        f(&m["p50_us"]["ratio_of_medians"]),
+        f(&m["p99_us"]["ratio_of_medians"]),
+    );
+    let verdict = |r: f64| if r <= 1.03 { "meets" } else { "misses" };
+    writeln!(
+        md,
+        "- Probe effect: traced/untraced p50 ×{p50:.2} ({} the 1.03 target), p99 ×{p99:.2} ({}).",
+        verdict(p50),
+        verdict(p99)
+    )?;
+    let cpu = &m["gateway_cpu_us_per_request"];
+    let (cpu_u, cpu_t) = (f(&cpu["untraced"]["median"]), f(&cpu["traced"]["median"]));
+    let cost = &v["cost"]["accuracy_run"];
+    let requests = f(&v["accuracy"]["tracer"]["requests"]);
+    let bpf_us = f(&cost["bpf"]["total_run_time_ns"]) / requests / 1000.0;
+    let added = cpu_t - cpu_u;
+    let split = if bpf_us < added {
+        format!(
+            "the remaining {:.1} µs is entry cost BPF stats do not see (uprobe trap, tracepoint \
+             dispatch) and cache effects",
+            added - bpf_us
+        )
+    } else {
+        "BPF time exceeds the gateway's added CPU because part of it is not charged to the \
+         gateway (programs on the other CPU, data-ready in the client's context, other tasks' \
+         switches)"
+            .to_owned()
+    };
+    writeln!(
+        md,
+        "- Why: the gateway's CPU per request goes from {cpu_u:.1} µs untraced to {cpu_t:.1} µs \
+         traced (+{added:.1} µs). BPF run time per complete request is {bpf_us:.1} µs (all \
+         programs, any CPU); {split}. CPU 0 busy share goes from {:.2} to {:.2}: an open loop \
+         near saturation turns added CPU into queueing, so latency ratios exceed the CPU ratio.",
+        f(&m["cpu0_busy"]["untraced"]["median"]),
+        f(&m["cpu0_busy"]["traced"]["median"])
+    )?;
+    writeln!(
+        md,
+        "- Max throughput traced/untraced: ×{:.2}.",
+        f(&v["max_rate"]["ratio_traced_untraced"])
+    )?;
+    for r in v["loss"].as_array().into_iter().flatten() {
+        writeln!(
+            md,
+            "- Loss, {}: {} events lost, {} requests incomplete, {} complete requests across a \
+             loss span.",
+            r["name"].as_str().unwrap_or("?"),
+            int(&r["lost_events"]),
+            int(&r["incomplete"]),
+            int(&r["complete_crossing_loss"])
+        )?;
+    }
+    let k = &v["soak"];
+    writeln!(
+        md,
+        "- Soak: tracer peak RSS {:.1} MiB over {} s (target < 256 MiB).\n",
+        f(&k["tracer_peak_rss_kib"]) / 1024.0,
+        num(&k["seconds"], 0)
+    )?;
+    writeln!(
+        md,
+        "The machine is shared: the load average at start is in the header; the A/B windows' \
+         spread shows how much of a ratio is noise.\n"
+    )
 }
 
 #[cfg(test)]
