@@ -239,6 +239,70 @@ fn one_fsync_serves_a_batch_of_three() {
 }
 
 #[test]
+fn writer_preempts_the_worker_inside_its_poll_and_signs() {
+    // One CPU: the enqueue wakes the writer, which preempts the worker before its poll
+    // returns, signs and fsyncs; the worker runs again only after the receipt is durable.
+    let mut s = Stream::new();
+    s.data_ready(1000, 0xc1)
+        .sock_fd(1015, 101, 0xc1, 10)
+        .recv(1010, 1020, 101, 10, 100)
+        .request_begin(1100, 101, 1, 10)
+        .poll_enter(1200, 101, 1)
+        .phase_begin(1300, 101, 1, Phase::ReceiptWait)
+        .ledger_enqueue(1400, 101, 1)
+        .switch_out(1450, 101, true)
+        .batch_begin(1500, W, 1, 1)
+        .sign(1600, 1700, W, 1, 0)
+        .commit(1750, 2850, W, 1)
+        .fdatasync(1800, 2800, W, 3)
+        .receipt_durable(2900, W, 1, 0)
+        .switch_in(3000, 101)
+        .poll_exit(3100, 101, 1, false)
+        .poll_enter(3200, 101, 1)
+        .phase_end(3250, 101, 1, Phase::ReceiptWait)
+        .request_end(3260, 101, 1, 200)
+        .poll_exit(3300, 101, 1, true)
+        .send(3400, 3410, 101, 10, 100);
+    let out = s.rebuild();
+    let r = complete(&out, 1);
+    assert_eq!(
+        parts(r),
+        vec![
+            // arrival → read 10, the rest of the preemption 450, durable → next poll 100
+            ("scheduling", 10 + 450 + 100),
+            ("ledger_fsync", 1000),
+            ("signing", 100),
+            ("cpu.parse", 190 + 100),
+            ("cpu.receipt", 150 + 100 + 100),
+            ("cpu.respond", 100),
+        ]
+    );
+    let charged = |part: Part| -> u64 {
+        r.offcpu
+            .iter()
+            .filter(|o| o.part == part)
+            .map(|o| o.ns)
+            .sum()
+    };
+    assert_eq!(
+        (
+            charged(Part::Signing),
+            charged(Part::LedgerFsync),
+            charged(Part::Scheduling)
+        ),
+        (100, 1000, 450)
+    );
+    assert!(
+        r.offcpu
+            .iter()
+            .filter(|o| o.part != Part::Scheduling)
+            .all(|o| (o.tid, o.kernel_stack, o.user_stack) == (W, -1, -1)),
+        "{:?}",
+        r.offcpu
+    );
+}
+
+#[test]
 fn preemption_and_a_blocked_switch_out_during_a_poll() {
     let mut s = Stream::new();
     s.data_ready(1000, 0xc1)

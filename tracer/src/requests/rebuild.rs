@@ -12,6 +12,12 @@
 //!   upstream → `[gap, S)` blocked_other, `[S, A)` upstream, `[A, gap end)` scheduling;
 //!   receipt wait → `[gap, E)` blocked_other, `[E, D)` the writer split, `[D, gap end)`
 //!   scheduling; any other phase → unattributed.
+//! - Inside a poll, after `E` and before `D`, time the request's thread was off CPU while the
+//!   writer signed or fsynced is `Signing` / `LedgerFsync` (the writer split painted over the
+//!   poll's `Scheduling` and `BlockedOther` pieces only, never over its on-CPU time): with the
+//!   writer and the worker on one CPU the writer preempts the worker right after the enqueue
+//!   and signs before the poll returns, and that wait is for the receipt, not generic run-queue
+//!   delay. Those charges carry no stack (the flamegraph's synthetic writer frames).
 //! - Off-CPU charges come from every thread-state split of the request (the read before the
 //!   first poll and the response write after the last one as well as the polls).
 //! - A blocked switch-out gives two off-CPU charges with its stacks: `BlockedOther` until the
@@ -763,6 +769,9 @@ impl Rebuilder {
             true,
             OnCpu::Fixed(Phase::Respond),
         )?;
+        if let (Some(e), Some((d, w))) = (req.enqueue, req.durable) {
+            self.receipt_work_in_polls(&mut tl, req, e.max(t_arrive), d.min(t_done), w);
+        }
         if let Some(up) = req.upstream {
             let (s, a) = match (up.send, up.reply) {
                 (Some(s), Some(a)) => (s, a),
@@ -783,6 +792,29 @@ impl Rebuilder {
             offcpu: built.offcpu,
             hits: req.hits,
         })
+    }
+
+    /// The writer's signing and fsync in `[e, d)` that ran while a poll of the request was open
+    /// but its thread off CPU (see the module notes), painted over those off-CPU pieces.
+    fn receipt_work_in_polls(&self, tl: &mut Timeline, req: &OpenRequest, e: u64, d: u64, w: u32) {
+        for poll in &req.polls {
+            let (a, b) = (poll.enter.max(e), poll.exit.min(d));
+            if a >= b {
+                continue;
+            }
+            for p in self.writer.split(w, a, b) {
+                if p.part == Part::LedgerOther {
+                    continue;
+                }
+                let top = Piece {
+                    off: Some((p.tid, -1, -1)),
+                    ..Piece::new(p.start, p.end, p.part, p.tid)
+                };
+                tl.overlay_where(top, |under| {
+                    matches!(under.part, Part::Scheduling | Part::BlockedOther)
+                });
+            }
+        }
     }
 
     /// Thread-state split of `[a, b)` on `tid`; on-CPU time goes to `Cpu(phase)`.

@@ -78,6 +78,30 @@ impl Timeline {
         self.pieces = out;
     }
 
+    /// Paint `top` over the parts of `[top.start, top.end)` whose pieces `under` accepts,
+    /// leaving every other piece as it is.
+    pub(crate) fn overlay_where(&mut self, top: Piece, under: impl Fn(&Piece) -> bool) {
+        if top.end <= top.start {
+            return;
+        }
+        let mut out = Vec::with_capacity(self.pieces.len() + 2);
+        for p in self.pieces.drain(..) {
+            let (start, end) = (p.start.max(top.start), p.end.min(top.end));
+            if start >= end || !under(&p) {
+                out.push(p);
+                continue;
+            }
+            if p.start < start {
+                out.push(Piece { end: start, ..p });
+            }
+            out.push(Piece { start, end, ..top });
+            if p.end > end {
+                out.push(Piece { start: end, ..p });
+            }
+        }
+        self.pieces = out;
+    }
+
     /// Check the pieces cover `[from, to)` exactly, merge neighbours and sum the parts.
     pub(crate) fn build(self, from: u64, to: u64) -> Result<Built, &'static str> {
         let mut at = from;
@@ -135,6 +159,8 @@ impl Timeline {
 
 #[cfg(test)]
 mod tests {
+    use tracer_ebpf::sites::Phase;
+
     use super::*;
 
     #[test]
@@ -160,6 +186,32 @@ mod tests {
             ]
         );
         assert_eq!(b.parts.iter().sum::<u64>(), 40);
+    }
+
+    #[test]
+    fn overlay_where_paints_only_accepted_pieces() {
+        let mut t = Timeline::default();
+        t.push(Piece::new(10, 20, Part::Cpu(Phase::ReceiptWait), 1));
+        t.push(Piece::new(20, 30, Part::Scheduling, 1));
+        t.push(Piece::new(30, 40, Part::Cpu(Phase::ReceiptWait), 1));
+        t.overlay_where(Piece::new(15, 35, Part::Signing, 2), |p| {
+            p.part == Part::Scheduling
+        });
+        let built = t.build(10, 40).unwrap();
+        let spans: Vec<_> = built
+            .slices
+            .iter()
+            .map(|s| (s.start_ns, s.end_ns, s.part))
+            .collect();
+        assert_eq!(
+            spans,
+            [
+                (10, 20, Part::Cpu(Phase::ReceiptWait)),
+                (20, 30, Part::Signing),
+                (30, 40, Part::Cpu(Phase::ReceiptWait)),
+            ]
+        );
+        assert_eq!(built.parts.iter().sum::<u64>(), 30);
     }
 
     #[test]

@@ -1,0 +1,419 @@
+//! Root only: the whole product on the real gateway. mock-upstream, a demo ledger and the
+//! gateway (one worker, pinned to CPU 0) run; the tracer attaches; loadgen sends a fixed
+//! open-loop rate; the tracer is stopped with SIGINT. Then every 200 response must be a
+//! complete traced request, inside the client's own send/receive window on the same clock,
+//! with parts that sum to its total and a fsync and a signing share, no event lost, and
+//! nothing of ours left in the kernel.
+//!
+//! The gateway, mock-upstream and loadgen binaries belong to other packages, so cargo does not
+//! build them for this test: it runs `cargo build --release -p gateway -p loadgen` itself (the
+//! cargo that runs the test, in the workspace, so `CARGO_TARGET_DIR` and `.cargo/config.toml`
+//! apply as for any build) and takes the executables' paths from cargo's JSON messages. On a
+//! clean clone the first run therefore includes a release build of those two packages.
+
+mod attach_common;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs::File,
+    io::{BufRead as _, BufReader, Read as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex, mpsc},
+    time::{Duration, Instant},
+};
+
+use attach_common::{leftover_uprobes, program_ids, require_root, still_loaded};
+
+/// The load: well below the gateway's max, so nothing queues and nothing may be lost.
+const RATE: &str = "300";
+const LOAD_SECONDS: &str = "3";
+const GATEWAY_CPU: &str = "0";
+const LOAD_CPU: &str = "1";
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+const FINISH_TIMEOUT: Duration = Duration::from_secs(180);
+
+struct Binaries {
+    gateway: PathBuf,
+    mock_upstream: PathBuf,
+    loadgen: PathBuf,
+}
+
+fn build_binaries() -> Binaries {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let output = Command::new(env!("CARGO"))
+        .current_dir(workspace)
+        .args(["build", "--release", "-p", "gateway", "-p", "loadgen"])
+        .args(["--message-format", "json-render-diagnostics"])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running cargo build");
+    assert!(
+        output.status.success(),
+        "cargo build failed: {}",
+        output.status
+    );
+    let executables: Vec<PathBuf> = output
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
+        .filter_map(|message| message["executable"].as_str().map(PathBuf::from))
+        .collect();
+    let find = |name: &str| {
+        executables
+            .iter()
+            .find(|path| path.file_name().is_some_and(|file| file == name))
+            .unwrap_or_else(|| panic!("cargo build produced no `{name}`"))
+            .clone()
+    };
+    Binaries {
+        gateway: find("gateway"),
+        mock_upstream: find("mock-upstream"),
+        loadgen: find("loadgen"),
+    }
+}
+
+/// A child killed and reaped when dropped, so a failing assertion leaves nothing running.
+struct Running {
+    name: &'static str,
+    child: Child,
+}
+
+impl Running {
+    /// `taskset -c cpu program args` (taskset execs the program: same pid, pinned).
+    fn pinned(cpu: &str, program: &Path, args: &[&str]) -> Command {
+        let mut command = Command::new("taskset");
+        command.args(["-c", cpu]).arg(program).args(args);
+        command
+    }
+
+    fn spawn(name: &'static str, mut command: Command) -> Running {
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        Running { name, child }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Reads stdout until `listening on ADDR`, then keeps draining it (and stderr) in the
+    /// background so the child never blocks on a full pipe.
+    fn wait_listening(&mut self) -> String {
+        drain(self.child.stderr.take().unwrap());
+        let (tx, rx) = mpsc::channel();
+        let stdout = self.child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("listening on ") {
+                    let _ = tx.send(addr.trim().to_owned());
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("{} did not print `listening on`", self.name))
+    }
+
+    fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} still running after {timeout:?}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn drain(pipe: impl std::io::Read + Send + 'static) {
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut BufReader::new(pipe), &mut std::io::sink());
+    });
+}
+
+/// A CSV with a header, as rows of column name → text.
+fn read_csv(path: &Path) -> Vec<BTreeMap<String, String>> {
+    let mut text = String::new();
+    File::open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .read_to_string(&mut text)
+        .unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    lines
+        .map(|line| {
+            let fields: Vec<&str> = line.split(',').collect();
+            assert_eq!(fields.len(), header.len(), "{}: {line}", path.display());
+            header
+                .iter()
+                .zip(fields)
+                .map(|(h, f)| ((*h).to_owned(), f.to_owned()))
+                .collect()
+        })
+        .collect()
+}
+
+fn num(row: &BTreeMap<String, String>, column: &str) -> u64 {
+    row.get(column)
+        .unwrap_or_else(|| panic!("no column {column}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{column} is not a number: {row:?}"))
+}
+
+#[test]
+fn traced_gateway_requests_match_the_client() {
+    if !require_root("traced_gateway_requests_match_the_client") {
+        return;
+    }
+    let started = Instant::now();
+    let bins = build_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("session");
+    let client_csv = dir.path().join("client.csv");
+
+    let mut mock = Running::spawn(
+        "mock-upstream",
+        Running::pinned(LOAD_CPU, &bins.mock_upstream, &["--listen", "127.0.0.1:0"]),
+    );
+    let upstream = format!("http://{}", mock.wait_listening());
+    let db = dir.path().join("ledger.db");
+    let init = Command::new(&bins.gateway)
+        .arg("init")
+        .arg("--db")
+        .arg(&db)
+        .args(["--demo", "--upstream", &upstream])
+        .output()
+        .unwrap();
+    assert!(
+        init.status.success(),
+        "gateway init: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let key = String::from_utf8_lossy(&init.stdout)
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("api_key=").map(str::to_owned))
+        .expect("gateway init printed no api_key=");
+    let db_arg = db.to_str().unwrap();
+    let mut gateway = Running::spawn(
+        "gateway",
+        Running::pinned(
+            GATEWAY_CPU,
+            &bins.gateway,
+            &[
+                "serve",
+                "--db",
+                db_arg,
+                "--listen",
+                "127.0.0.1:0",
+                "--workers",
+                "1",
+            ],
+        ),
+    );
+    let gateway_url = format!("http://{}", gateway.wait_listening());
+
+    let pid = gateway.pid().to_string();
+    let mut tracer_command = Command::new("taskset");
+    tracer_command
+        .args(["-c", LOAD_CPU, env!("CARGO_BIN_EXE_tracer")])
+        .args(["record", "--pid", &pid, "--out", out.to_str().unwrap()]);
+    let mut tracer = Running::spawn("tracer", tracer_command);
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    {
+        let stderr = stderr.clone();
+        let pipe = tracer.child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if line.starts_with("tracer: program ids ") {
+                    let _ = ready_tx.send(());
+                }
+                let mut all = stderr.lock().unwrap();
+                all.push_str(&line);
+                all.push('\n');
+            }
+        });
+    }
+    drain(tracer.child.stdout.take().unwrap());
+    if ready_rx.recv_timeout(READY_TIMEOUT).is_err() {
+        panic!(
+            "the tracer did not attach within {READY_TIMEOUT:?}:\n{}",
+            stderr.lock().unwrap()
+        );
+    }
+    let attached_s = started.elapsed().as_secs_f64();
+
+    let loadgen = Command::new("taskset")
+        .args(["-c", LOAD_CPU])
+        .arg(&bins.loadgen)
+        .args(["--url", &gateway_url, "--key", &key])
+        .args(["--rate", RATE, "--duration", LOAD_SECONDS, "--warmup", "0"])
+        .args(["--connections", "8", "--quiet", "--requests-out"])
+        .arg(&client_csv)
+        .output()
+        .unwrap();
+    assert!(
+        loadgen.status.success(),
+        "loadgen failed: {}",
+        String::from_utf8_lossy(&loadgen.stderr)
+    );
+
+    // SAFETY: signalling our own child, not yet reaped.
+    unsafe { libc::kill(tracer.pid() as libc::pid_t, libc::SIGINT) };
+    let status = tracer.wait(FINISH_TIMEOUT);
+    let stderr = stderr.lock().unwrap().clone();
+    assert!(status.success(), "tracer failed ({status}):\n{stderr}");
+    eprintln!(
+        "e2e: attached after {attached_s:.1}s, done after {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // Nothing of ours outlives the tracer.
+    let ids = program_ids(&stderr);
+    assert!(!ids.is_empty(), "no program ids line:\n{stderr}");
+    assert_eq!(
+        still_loaded(&ids),
+        Vec::<u32>::new(),
+        "programs outlived the tracer"
+    );
+    for binary in [bins.gateway.clone(), bins.gateway.canonicalize().unwrap()] {
+        assert_eq!(leftover_uprobes(&binary), Vec::<String>::new());
+    }
+    gateway.wait_or_stop();
+    drop(mock);
+
+    // The client's view: every request answered 200.
+    let client = read_csv(&client_csv);
+    assert!(
+        client.len() >= 800,
+        "loadgen sent only {} requests",
+        client.len()
+    );
+    let not_ok: Vec<_> = client.iter().filter(|r| r["status"] != "200").collect();
+    assert!(not_ok.is_empty(), "non-200 responses: {not_ok:?}");
+    let window: BTreeMap<u64, (u64, u64)> = client
+        .iter()
+        .map(|r| {
+            (
+                num(r, "request_id"),
+                (num(r, "sent_ns"), num(r, "received_ns")),
+            )
+        })
+        .collect();
+
+    // The tracer's view: the same requests, all complete.
+    let traced = read_csv(&out.join("requests.csv"));
+    let incomplete = read_csv(&out.join("incomplete.csv"));
+    let traced_ids: BTreeSet<u64> = traced.iter().map(|r| num(r, "request_id")).collect();
+    let client_ids: BTreeSet<u64> = window.keys().copied().collect();
+    let missing: Vec<_> = client_ids.difference(&traced_ids).collect();
+    let extra: Vec<_> = traced_ids.difference(&client_ids).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty() && traced.len() == client.len(),
+        "{} client 200s, {} traced rows; missing {missing:?}; not sent by the client {extra:?}; \
+         incomplete {incomplete:?}",
+        client.len(),
+        traced.len(),
+    );
+    assert!(incomplete.is_empty(), "incomplete: {incomplete:?}");
+
+    let part_columns: Vec<String> = traced[0]
+        .keys()
+        .filter(|c| {
+            c.ends_with("_ns")
+                && !["t_arrive_ns", "t_done_ns", "total_ns", "overhead_ns"].contains(&c.as_str())
+        })
+        .cloned()
+        .collect();
+    assert!(part_columns.len() >= 10, "{part_columns:?}");
+    let mut without: BTreeMap<&str, Vec<BTreeMap<String, String>>> = BTreeMap::new();
+    for row in &traced {
+        let id = num(row, "request_id");
+        let (sent, received) = window[&id];
+        let (arrive, done) = (num(row, "t_arrive_ns"), num(row, "t_done_ns"));
+        assert!(
+            sent <= arrive && arrive <= done && done <= received,
+            "request {id}: client sent {sent}, t_arrive {arrive}, t_done {done}, client \
+             received {received}"
+        );
+        let total = num(row, "total_ns");
+        assert_eq!(total, done - arrive, "request {id}");
+        let parts: u64 = part_columns.iter().map(|c| num(row, c)).sum();
+        assert_eq!(parts, total, "request {id}: parts {parts} != total {total}");
+        assert_eq!(
+            num(row, "overhead_ns"),
+            total - num(row, "upstream_ns"),
+            "request {id}"
+        );
+        // Every 200 carries a durable receipt: its wait covered a fsync and a signature.
+        for part in ["ledger_fsync_ns", "signing_ns"] {
+            if num(row, part) == 0 {
+                without.entry(part).or_default().push(row.clone());
+            }
+        }
+    }
+    let counts: Vec<(&str, usize)> = without.iter().map(|(p, rows)| (*p, rows.len())).collect();
+    assert!(
+        without.is_empty(),
+        "of {} requests, these many have a zero part: {counts:?}; first ones: {:?}",
+        traced.len(),
+        without
+            .values()
+            .flat_map(|rows| rows.iter().take(3))
+            .collect::<Vec<_>>()
+    );
+
+    let breakdown: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("breakdown.json")).unwrap()).unwrap();
+    assert_eq!(breakdown["lost_events"], 0, "{breakdown}");
+    assert_eq!(breakdown["requests"], traced.len() as u64);
+    assert_eq!(breakdown["incomplete"], 0);
+    // The pictures are written on SIGINT too.
+    for file in [
+        "tail-oncpu.svg",
+        "all-oncpu.svg",
+        "tail-offcpu.svg",
+        "tail-diff.svg",
+        "trace.json",
+    ] {
+        assert!(out.join(file).exists(), "no {file}:\n{stderr}");
+    }
+    eprintln!(
+        "e2e: {} requests traced and matched in {:.1}s",
+        traced.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+impl Running {
+    /// The gateway ends on SIGINT (its Ctrl-C); kill it if it does not within a few seconds.
+    fn wait_or_stop(&mut self) {
+        // SAFETY: signalling our own child, not yet reaped.
+        unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if self.child.try_wait().unwrap().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
