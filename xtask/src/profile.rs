@@ -125,8 +125,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         unsafe { libc::geteuid() } == 0,
         "cargo xtask profile attaches eBPF programs: run it as root"
     );
-    // The eBPF toolchain is needed by `cargo build -p tracer` below; `setup` has no
-    // `ensure()` to call yet (see the report), so a fresh machine needs `cargo xtask setup`.
+    // `cargo build -p tracer` below needs the eBPF toolchain; a fresh machine gets it here.
+    crate::setup::ensure()?;
     let started = Instant::now();
     let out = args.out.clone().unwrap_or_else(|| {
         procs::workspace_root().join("profiles").join(format!(
