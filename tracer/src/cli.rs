@@ -45,6 +45,9 @@ pub struct RecordArgs {
     /// Also write every event read, 40 bytes each, to this file (for `crosscheck`).
     #[arg(long)]
     pub raw_events: Option<PathBuf>,
+    /// Skip the probe-cost calibration (~1-2 s before attaching) and its breakdown.json section.
+    #[arg(long)]
+    pub no_calibrate: bool,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -12,3 +12,4 @@ pub mod flame;
 pub mod symbolize;
 pub mod timeline;
 pub mod validate;
+pub mod calibrate;

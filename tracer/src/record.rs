@@ -181,6 +181,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         ring_bytes: args.ring_mib << 20,
         offcpu_stacks: args.offcpu_stacks,
     };
+    // Before attaching, so the target's probes do not run during the calibration loops.
+    let calibration = crate::calibrate::before_attach(args.no_calibrate)?;
     let mut session = Session::attach(&target, &options)?;
     for mode in &session.modes {
         eprintln!("tracer: attach {mode}");
@@ -291,6 +293,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         }),
     );
     sink.hooks.finish(&sink.rebuilder, &mut sink.writer)?;
+    let probe_cost = crate::calibrate::report(calibration.as_ref(), &mut sink.writer);
     let summary = sink.writer.finish(SessionEnd {
         duration_s: traced_s,
         lost_events: stream.lost_events(),
@@ -308,5 +311,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         drawing.elapsed().as_secs_f64(),
     );
     println!("{}", summary.table);
+    if let Some(probe_cost) = probe_cost {
+        println!("{probe_cost}");
+    }
     Ok(())
 }

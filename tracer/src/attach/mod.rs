@@ -25,7 +25,8 @@ use tracer_ebpf::abi::{Config, Loss};
 use self::target::Target;
 
 /// The kernel programs, built by build.rs.
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
+pub(crate) static OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
 
 #[derive(Clone, Copy, Debug)]
 pub struct Options {

@@ -1,0 +1,859 @@
+//! Probe-cost calibration: before `tracer record` attaches to the target, measure what one hit
+//! of each probe kind costs on this kernel, from loops in the tracer's own process, with the
+//! same kernel programs the session uses (loaded a second time, filtering on our own pid).
+//!
+//! Each kind is timed (CLOCK_MONOTONIC) in [`ROUNDS`] untraced rounds, then [`ROUNDS`] traced
+//! ones, on one pinned CPU: the highest CPU this process may run on, which keeps it off the
+//! gateway's CPU 0 when xtask pins the tracer to CPU 1. A round's time is its median chunk
+//! (of 20..200 loop units) scaled to the loop, so chunks in which another task ran do not
+//! count. Round i's cost per hit = (traced − untraced ns per loop unit) × traced units /
+//! events the traced round wrote; the reported cost is the median round.
+//!
+//! | kind | loop unit | untraced arm | traced arm adds | a hit is |
+//! |---|---|---|---|---|
+//! | site | a call of the NOP5 function [`tracer_calibration_site`] | nothing attached | `site_poll_enter` uprobe | a SITE event |
+//! | syscall | `write(/dev/null, 1 byte)` | nothing attached | `sys_{enter,exit}_write` | a SYSCALL event (an enter + exit pair) |
+//! | sock | a 1-byte send on a loopback TCP connection + a receive at the peer | `sys_{enter,exit}_{sendto,recvfrom}` | `sock_send_length`, `sk_data_ready`, `sock_recv_length` | a SOCK_FD or DATA_READY event |
+//! | sched | a context switch: two threads on one CPU `sched_yield` to each other | nothing attached | `sched_switch` | a SWITCH_OUT or SWITCH_IN event |
+//!
+//! A sock hit carries the runs that emit nothing (send and receive with a known fd): in this
+//! loop two per DATA_READY, as in a gateway request (client receive and response send, upstream
+//! send and receive, two data-ready). A sched hit is half a `sched_switch` run that emits two
+//! events (both tasks are ours); a switch to or from a task of another process emits one.
+//! Context switches are counted with `getrusage(RUSAGE_THREAD)`, so a yield that did not switch
+//! is not charged. Not covered: cpu-clock samples, and the filter-only runs that every other
+//! task on the machine pays while the tracepoints are attached.
+
+use std::{
+    fs::File,
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    num::NonZeroU32,
+    os::fd::AsRawFd as _,
+    path::PathBuf,
+    sync::{Arc, Barrier},
+    time::Instant,
+};
+
+use anyhow::{Context as _, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, MapData, PerCpuArray, RingBuf},
+    programs::{
+        TracePoint, UProbe,
+        trace_point::TracePointLinkId,
+        uprobe::{UProbeLinkId, UProbeScope},
+    },
+};
+use serde_json::json;
+use tracer_ebpf::abi::{Config, LOSS_SLOT, Loss, kind};
+
+use crate::{
+    aggregate::HitsPerRequest,
+    attach::{self, tracefs},
+    events::{decode::decode, monotonic_ns},
+    report::SessionWriter,
+};
+
+/// Interleaved untraced/traced rounds per kind; the median is reported.
+pub const ROUNDS: usize = 5;
+// Loop sizes (multiples of their chunks). Each chunk is timed on its own and an arm's time is
+// its median chunk scaled to the loop: a chunk in which another task ran is an outlier, not
+// a cost (the machine is shared; the gateway and load generator may be running).
+const SITE_CALLS: u64 = 20_000;
+const SITE_CHUNK: u64 = 200;
+const WRITES: u64 = 20_000;
+const WRITE_CHUNK: u64 = 100;
+const SOCK_ROUND_TRIPS: u64 = 2_000;
+const SOCK_CHUNK: u64 = 20;
+/// Per thread; two threads.
+const YIELDS: u64 = 8_000;
+const YIELD_CHUNK: u64 = 20;
+/// Holds every event of one traced arm (the largest writes ~40k events of 48 bytes).
+const RING_BYTES: u32 = 8 << 20;
+
+/// The probe site the calibration hits: the same NOP5-and-ret body as the gateway's sites.
+#[unsafe(no_mangle)]
+#[unsafe(naked)]
+pub extern "C" fn tracer_calibration_site(_a0: u64, _a1: u64, _a2: u64) {
+    core::arch::naked_asm!(".byte 0x0f, 0x1f, 0x44, 0x00, 0x00", "ret")
+}
+const SITE_SYMBOL: &str = "tracer_calibration_site";
+const SITE_PROGRAM: &str = "site_poll_enter";
+
+/// One timed loop.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Arm {
+    /// The median chunk's ns × chunks in the loop.
+    pub elapsed_ns: u64,
+    /// Loop iterations, or context switches for sched.
+    pub units: u64,
+}
+
+impl Arm {
+    fn ns_per_unit(&self) -> f64 {
+        self.elapsed_ns as f64 / self.units.max(1) as f64
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Round {
+    pub untraced: Arm,
+    pub traced: Arm,
+    /// Events of this kind the traced arm wrote to the ring.
+    pub events: u64,
+}
+
+impl Round {
+    /// ns one event added, or `None` when the traced arm wrote none or ran no unit.
+    pub fn ns_per_hit(&self) -> Option<f64> {
+        if self.events == 0 || self.traced.units == 0 || self.untraced.units == 0 {
+            return None;
+        }
+        let added_per_unit = self.traced.ns_per_unit() - self.untraced.ns_per_unit();
+        Some(added_per_unit * self.traced.units as f64 / self.events as f64)
+    }
+}
+
+/// One kind's rounds and their median.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KindCost {
+    pub rounds: Vec<Round>,
+    pub ns_per_hit: f64,
+    pub min_ns: f64,
+    pub max_ns: f64,
+    /// Median untraced ns per loop unit, for scale.
+    pub untraced_ns_per_unit: f64,
+    /// Median events per traced unit (1 for site and syscall, ~1 for sock, ~2 for sched).
+    pub hits_per_unit: f64,
+}
+
+impl KindCost {
+    pub fn from_rounds(rounds: Vec<Round>) -> anyhow::Result<KindCost> {
+        let costs: Vec<f64> = rounds.iter().filter_map(Round::ns_per_hit).collect();
+        if costs.len() != rounds.len() || costs.is_empty() {
+            bail!("a traced round wrote no event (the probe did not fire)");
+        }
+        let untraced: Vec<f64> = rounds.iter().map(|r| r.untraced.ns_per_unit()).collect();
+        let per_unit: Vec<f64> = rounds
+            .iter()
+            .map(|r| r.events as f64 / r.traced.units.max(1) as f64)
+            .collect();
+        Ok(KindCost {
+            ns_per_hit: median(&costs),
+            min_ns: costs.iter().copied().fold(f64::INFINITY, f64::min),
+            max_ns: costs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            untraced_ns_per_unit: median(&untraced),
+            hits_per_unit: median(&per_unit),
+            rounds,
+        })
+    }
+}
+
+/// The loop's time from its chunks' times: the median chunk × the number of chunks.
+pub fn robust_elapsed_ns(chunk_ns: &[u64], chunks_per_loop: u64) -> u64 {
+    let mut sorted = chunk_ns.to_vec();
+    sorted.sort_unstable();
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
+    median * chunks_per_loop
+}
+
+/// Runs `step` `units` times, timing every `chunk` steps.
+fn timed_chunks(
+    units: u64,
+    chunk: u64,
+    mut step: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Arm> {
+    let chunks = units / chunk;
+    let mut chunk_ns = Vec::with_capacity(chunks as usize);
+    for _ in 0..chunks {
+        let start = monotonic_ns();
+        for _ in 0..chunk {
+            step()?;
+        }
+        chunk_ns.push(monotonic_ns() - start);
+    }
+    Ok(Arm {
+        elapsed_ns: robust_elapsed_ns(&chunk_ns, chunks),
+        units: chunks * chunk,
+    })
+}
+
+impl KindCost {
+    /// Rounds disagree by more than half the median: the machine was busy, so the figure is a
+    /// rough one (said next to it, never hidden).
+    pub fn is_noisy(&self) -> bool {
+        self.max_ns - self.min_ns > 0.5 * self.ns_per_hit.abs()
+    }
+}
+
+/// The middle value (mean of the two middle ones for an even count); 0 for none.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Calibration {
+    pub cpu: usize,
+    pub elapsed_s: f64,
+    pub site: KindCost,
+    pub syscall: KindCost,
+    pub sock: KindCost,
+    pub sched: KindCost,
+}
+
+/// Probe ns added to a mean request, per kind: hits × ns per hit.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PerRequest {
+    pub sites: f64,
+    pub syscalls: f64,
+    pub sock: f64,
+    pub sched: f64,
+}
+
+impl PerRequest {
+    pub fn total(&self) -> f64 {
+        self.sites + self.syscalls + self.sock + self.sched
+    }
+}
+
+impl Calibration {
+    pub fn per_request(&self, hits: &HitsPerRequest) -> PerRequest {
+        PerRequest {
+            sites: hits.sites * self.site.ns_per_hit,
+            syscalls: hits.syscalls * self.syscall.ns_per_hit,
+            sock: hits.sock * self.sock.ns_per_hit,
+            sched: hits.sched * self.sched.ns_per_hit,
+        }
+    }
+
+    fn kinds(&self) -> [(&'static str, &KindCost); 4] {
+        [
+            ("site", &self.site),
+            ("syscall", &self.syscall),
+            ("sock", &self.sock),
+            ("sched", &self.sched),
+        ]
+    }
+
+    /// breakdown.json's `calibration` section.
+    pub fn section(&self, hits: &HitsPerRequest) -> serde_json::Value {
+        let round3 = |x: f64| (x * 1000.0).round() / 1000.0;
+        let round1 = |x: f64| (x * 10.0).round() / 10.0;
+        let mut ns_per_hit = serde_json::Map::new();
+        let mut spread = serde_json::Map::new();
+        let mut untraced = serde_json::Map::new();
+        let mut noisy = Vec::new();
+        for (name, cost) in self.kinds() {
+            ns_per_hit.insert(name.to_owned(), json!(round1(cost.ns_per_hit)));
+            if cost.is_noisy() {
+                noisy.push(name);
+            }
+            spread.insert(
+                name.to_owned(),
+                json!([round1(cost.min_ns), round1(cost.max_ns)]),
+            );
+            untraced.insert(name.to_owned(), json!(round1(cost.untraced_ns_per_unit)));
+        }
+        let per_request = self.per_request(hits);
+        json!({
+            "cpu": self.cpu,
+            "rounds": ROUNDS,
+            "elapsed_s": round3(self.elapsed_s),
+            "ns_per_hit": ns_per_hit,
+            "ns_per_hit_min_max": spread,
+            "untraced_ns_per_loop": untraced,
+            "noisy": noisy,
+            "probe_ns_per_request": round1(per_request.total()),
+            "probe_ns_per_request_by_kind": {
+                "sites": round1(per_request.sites),
+                "syscalls": round1(per_request.syscalls),
+                "sock": round1(per_request.sock),
+                "sched": round1(per_request.sched),
+            },
+            "not_included": "cpu-clock samples; filter-only runs in other tasks",
+        })
+    }
+
+    /// One line per figure for the stdout summary.
+    pub fn summary(&self, hits: &HitsPerRequest) -> String {
+        let costs: Vec<String> = self
+            .kinds()
+            .iter()
+            .map(|(name, cost)| {
+                if cost.is_noisy() {
+                    format!(
+                        "{name} {:.0} (noisy: rounds {:.0}..{:.0})",
+                        cost.ns_per_hit, cost.min_ns, cost.max_ns
+                    )
+                } else {
+                    format!("{name} {:.0}", cost.ns_per_hit)
+                }
+            })
+            .collect();
+        let p = self.per_request(hits);
+        format!(
+            "probe cost per hit (calibrated on CPU {}, median of {ROUNDS}): {} ns\n\
+             probe time added per request: ~{:.1} us (sites {:.1} + syscalls {:.1} + sock {:.1} \
+             + sched {:.1} us; samples not included)",
+            self.cpu,
+            costs.join(", "),
+            p.total() / 1e3,
+            p.sites / 1e3,
+            p.syscalls / 1e3,
+            p.sock / 1e3,
+            p.sched / 1e3,
+        )
+    }
+}
+
+/// Adds the `calibration` section and returns the summary lines, when calibration ran.
+pub fn report(calibration: Option<&Calibration>, writer: &mut SessionWriter) -> Option<String> {
+    let calibration = calibration?;
+    let hits = writer.aggregate().hits_per_request();
+    writer.add_section("calibration", calibration.section(&hits));
+    Some(calibration.summary(&hits))
+}
+
+/// `tracer record`'s step before attaching: calibrate unless skipped, and say what came out.
+pub fn before_attach(skip: bool) -> anyhow::Result<Option<Calibration>> {
+    if skip {
+        return Ok(None);
+    }
+    let calibration = run().context("calibrating probe costs (--no-calibrate skips it)")?;
+    let costs: Vec<String> = calibration
+        .kinds()
+        .iter()
+        .map(|(name, cost)| format!("{name} {:.0}", cost.ns_per_hit))
+        .collect();
+    eprintln!(
+        "tracer: calibrated on CPU {} in {:.1}s, ns per hit: {}",
+        calibration.cpu,
+        calibration.elapsed_s,
+        costs.join(", ")
+    );
+    Ok(Some(calibration))
+}
+
+/// Measures every kind. Needs root and the eBPF object; leaves nothing attached.
+pub fn run() -> anyhow::Result<Calibration> {
+    let started = Instant::now();
+    let cpu = calibration_cpu()?;
+    tracefs::ensure_mounted()?;
+    attach::syscalls::check()?;
+    attach::sockets::check()?;
+    attach::sched::check()?;
+    let mut probes = Probes::load()?;
+
+    let site = probes.kind(&[Hook::Site], &[kind::SITE], &[], || {
+        on_cpu(cpu, || {
+            let mut i = 0u64;
+            timed_chunks(SITE_CALLS, SITE_CHUNK, || {
+                tracer_calibration_site(std::hint::black_box(i), 0, 0);
+                i += 1;
+                Ok(())
+            })
+        })
+    });
+    let site = site.context("calibrating the NOP5 probe site")?;
+
+    let dev_null = File::options()
+        .write(true)
+        .open("/dev/null")
+        .context("opening /dev/null")?;
+    let write_pair = [
+        Hook::tracepoint("syscalls", "sys_enter_write"),
+        Hook::tracepoint("syscalls", "sys_exit_write"),
+    ];
+    let syscall = probes.kind(&write_pair, &[kind::SYSCALL], &[], || {
+        on_cpu(cpu, || {
+            let fd = dev_null.as_raw_fd();
+            let byte = 0u8;
+            timed_chunks(WRITES, WRITE_CHUNK, || {
+                // SAFETY: a valid fd and a 1-byte buffer.
+                if unsafe { libc::write(fd, (&raw const byte).cast(), 1) } != 1 {
+                    return Err(std::io::Error::last_os_error()).context("write to /dev/null");
+                }
+                Ok(())
+            })
+        })
+    });
+    let syscall = syscall.context("calibrating the syscall tracepoints")?;
+
+    let (mut client, mut server) = loopback_pair()?;
+    // std's TcpStream sends with sendto and receives with recvfrom, as the gateway does.
+    let socket_syscalls = [
+        Hook::tracepoint("syscalls", "sys_enter_sendto"),
+        Hook::tracepoint("syscalls", "sys_exit_sendto"),
+        Hook::tracepoint("syscalls", "sys_enter_recvfrom"),
+        Hook::tracepoint("syscalls", "sys_exit_recvfrom"),
+    ];
+    let sock_hooks = [
+        Hook::tracepoint("sock", "sock_send_length"),
+        Hook::tracepoint("sock", "sk_data_ready"),
+        Hook::tracepoint("sock", "sock_recv_length"),
+    ];
+    let sock = probes.kind(
+        &sock_hooks,
+        &[kind::SOCK_FD, kind::DATA_READY],
+        &socket_syscalls,
+        || {
+            on_cpu(cpu, || {
+                let mut byte = [0u8];
+                timed_chunks(SOCK_ROUND_TRIPS, SOCK_CHUNK, || {
+                    client.write_all(&byte).context("loopback write")?;
+                    server.read_exact(&mut byte).context("loopback read")?;
+                    Ok(())
+                })
+            })
+        },
+    );
+    let sock = sock.context("calibrating the socket tracepoints")?;
+
+    let switch = [Hook::tracepoint("sched", "sched_switch")];
+    let sched = probes.kind(&switch, &[kind::SWITCH_OUT, kind::SWITCH_IN], &[], || {
+        yield_pair(cpu)
+    });
+    let sched = sched.context("calibrating the sched tracepoints")?;
+
+    Ok(Calibration {
+        cpu,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        site,
+        syscall,
+        sock,
+        sched,
+    })
+}
+
+/// A hook the calibration attaches and detaches between arms.
+#[derive(Clone, Debug)]
+enum Hook {
+    Site,
+    Tracepoint {
+        category: &'static str,
+        name: &'static str,
+    },
+}
+
+impl Hook {
+    /// The kernel program is named after its tracepoint.
+    const fn tracepoint(category: &'static str, name: &'static str) -> Hook {
+        Hook::Tracepoint { category, name }
+    }
+}
+
+enum Link {
+    Site(UProbeLinkId),
+    Tracepoint(&'static str, TracePointLinkId),
+}
+
+/// The session's kernel programs, loaded apart from the session, with `CONFIG.tgid` = our pid.
+struct Probes {
+    ebpf: Ebpf,
+    events: RingBuf<MapData>,
+    loss: PerCpuArray<MapData, Loss>,
+    pid: NonZeroU32,
+}
+
+impl Probes {
+    fn load() -> anyhow::Result<Probes> {
+        if attach::OBJECT.is_empty() {
+            bail!("this tracer was built with AYA_BUILD_SKIP=1 and has no eBPF programs");
+        }
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("EVENTS", RING_BYTES)
+            // No stacks are taken (offcpu_stacks = 0): do not preallocate the session's size.
+            .map_max_entries("STACKS", 1)
+            .load(attach::OBJECT)
+            .context("loading the eBPF object for calibration")?;
+        let pid = NonZeroU32::new(std::process::id()).context("pid 0")?;
+        let config = Config {
+            tgid: pid.get(),
+            offcpu_stacks: 0,
+        };
+        let map = ebpf.map_mut("CONFIG").context("map CONFIG missing")?;
+        Array::<_, Config>::try_from(map)?.set(0, config, 0)?;
+        let events = RingBuf::try_from(ebpf.take_map("EVENTS").context("map EVENTS missing")?)?;
+        let loss = PerCpuArray::try_from(ebpf.take_map("LOSS").context("map LOSS missing")?)?;
+        Ok(Probes {
+            ebpf,
+            events,
+            loss,
+            pid,
+        })
+    }
+
+    /// [`ROUNDS`] rounds of `measure` without `hooks`, then as many with them (`base`
+    /// attached throughout), after one untimed warm-up; counts the `kinds` events each traced
+    /// round wrote. Not interleaved: a detach costs ~40-70 ms per hook here (the kernel waits
+    /// for an RCU grace period), so the arms are attached once; chunk medians absorb drift.
+    fn kind(
+        &mut self,
+        hooks: &[Hook],
+        kinds: &[u16],
+        base: &[Hook],
+        mut measure: impl FnMut() -> anyhow::Result<Arm>,
+    ) -> anyhow::Result<KindCost> {
+        let base_links = self.attach(base)?;
+        let result = (|| {
+            measure()?;
+            let untraced = (0..ROUNDS)
+                .map(|_| measure())
+                .collect::<anyhow::Result<Vec<Arm>>>()?;
+            self.drain(kinds);
+            let lost_before = self.lost()?;
+            let links = self.attach(hooks)?;
+            let traced = (|| {
+                let mut traced = Vec::with_capacity(ROUNDS);
+                for _ in 0..ROUNDS {
+                    let arm = measure()?;
+                    traced.push((arm, self.drain(kinds)));
+                }
+                Ok::<_, anyhow::Error>(traced)
+            })();
+            self.detach(links)?;
+            let mut traced = traced?;
+            if let Some(last) = traced.last_mut() {
+                // Events still in the ring after the detach.
+                last.1 += self.drain(kinds);
+            }
+            if self.lost()? != lost_before {
+                bail!("the calibration ring overflowed ({RING_BYTES} bytes)");
+            }
+            let rounds = untraced
+                .into_iter()
+                .zip(traced)
+                .map(|(untraced, (traced, events))| Round {
+                    untraced,
+                    traced,
+                    events,
+                })
+                .collect();
+            KindCost::from_rounds(rounds)
+        })();
+        self.detach(base_links)?;
+        self.drain(&[]);
+        result
+    }
+
+    fn attach(&mut self, hooks: &[Hook]) -> anyhow::Result<Vec<Link>> {
+        let mut links = Vec::new();
+        for hook in hooks {
+            let link = match hook {
+                Hook::Site => {
+                    let uprobe: &mut UProbe = program(&mut self.ebpf, SITE_PROGRAM)?.try_into()?;
+                    if uprobe.fd().is_err() {
+                        uprobe.load().context("loading the site program")?;
+                    }
+                    let exe = PathBuf::from(format!("/proc/{}/exe", self.pid));
+                    let id = uprobe
+                        .attach(SITE_SYMBOL, &exe, UProbeScope::OneProcess(self.pid))
+                        .with_context(|| format!("attaching a uprobe to {SITE_SYMBOL}"))?;
+                    Link::Site(id)
+                }
+                Hook::Tracepoint { category, name } => {
+                    let tracepoint: &mut TracePoint = program(&mut self.ebpf, name)?.try_into()?;
+                    if tracepoint.fd().is_err() {
+                        tracepoint
+                            .load()
+                            .with_context(|| format!("loading {name}"))?;
+                    }
+                    let id = tracepoint
+                        .attach(category, name)
+                        .with_context(|| format!("attaching {category}:{name}"))?;
+                    Link::Tracepoint(name, id)
+                }
+            };
+            links.push(link);
+        }
+        Ok(links)
+    }
+
+    /// Detaches every link, in parallel: each detach waits for an RCU grace period (40-200
+    /// ms on this VM), and the waits overlap. Returns once all are gone.
+    fn detach(&mut self, links: Vec<Link>) -> anyhow::Result<()> {
+        let mut owned: Vec<Box<dyn Send>> = Vec::new();
+        for link in links {
+            match link {
+                Link::Site(id) => {
+                    let uprobe: &mut UProbe = program(&mut self.ebpf, SITE_PROGRAM)?.try_into()?;
+                    owned.push(Box::new(uprobe.take_link(id)?));
+                }
+                Link::Tracepoint(name, id) => {
+                    let tracepoint: &mut TracePoint = program(&mut self.ebpf, name)?.try_into()?;
+                    owned.push(Box::new(tracepoint.take_link(id)?));
+                }
+            }
+        }
+        std::thread::scope(|scope| {
+            for link in owned {
+                scope.spawn(move || drop(link));
+            }
+        });
+        Ok(())
+    }
+
+    /// Empties the ring; returns how many events of `kinds` it held.
+    fn drain(&mut self, kinds: &[u16]) -> u64 {
+        let mut count = 0;
+        while let Some(item) = self.events.next() {
+            if decode(&item).is_some_and(|event| kinds.contains(&event.kind)) {
+                count += 1;
+            }
+        }
+        count
+    }
+
+    fn lost(&self) -> anyhow::Result<u64> {
+        let per_cpu = self.loss.get(&LOSS_SLOT, 0).context("reading LOSS")?;
+        Ok(per_cpu.iter().map(|loss| loss.count).sum())
+    }
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name)
+        .with_context(|| format!("{name} missing from the eBPF object"))
+}
+
+/// The highest CPU this process may run on.
+fn calibration_cpu() -> anyhow::Result<usize> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity fills it.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Err(std::io::Error::last_os_error()).context("sched_getaffinity");
+        }
+        set
+    };
+    // SAFETY: CPU_ISSET reads the set in bounds.
+    (0..libc::CPU_SETSIZE as usize)
+        .rev()
+        .find(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .context("empty CPU affinity")
+}
+
+fn pin_current_thread(cpu: usize) -> anyhow::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET stays in bounds (cpu < CPU_SETSIZE).
+    let result = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set)
+    };
+    if result != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("pinning to CPU {cpu}"));
+    }
+    Ok(())
+}
+
+/// Runs `work` on a fresh thread pinned to `cpu`, so the tracer's own threads stay unpinned.
+fn on_cpu<T: Send>(
+    cpu: usize,
+    work: impl FnOnce() -> anyhow::Result<T> + Send,
+) -> anyhow::Result<T> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                pin_current_thread(cpu)?;
+                work()
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("calibration thread panicked"))?
+    })
+}
+
+fn loopback_pair() -> anyhow::Result<(TcpStream, TcpStream)> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("binding a loopback listener")?;
+    let client = TcpStream::connect(listener.local_addr()?).context("loopback connect")?;
+    let (server, _) = listener.accept().context("loopback accept")?;
+    client.set_nodelay(true)?;
+    server.set_nodelay(true)?;
+    Ok((client, server))
+}
+
+/// Context switches (voluntary and not) of the calling thread so far.
+fn thread_switches() -> u64 {
+    // SAFETY: a zeroed rusage is valid; getrusage fills it.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
+        usage
+    };
+    (usage.ru_nvcsw + usage.ru_nivcsw) as u64
+}
+
+/// Two threads pinned to `cpu` yield to each other; units are the context switches they made.
+fn yield_pair(cpu: usize) -> anyhow::Result<Arm> {
+    let barrier = Arc::new(Barrier::new(2));
+    let spawn = || {
+        let barrier = Arc::clone(&barrier);
+        std::thread::spawn(move || -> anyhow::Result<(Vec<u64>, u64)> {
+            pin_current_thread(cpu)?;
+            barrier.wait();
+            let switches = thread_switches();
+            let mut chunk_ns = Vec::with_capacity((YIELDS / YIELD_CHUNK) as usize);
+            for _ in 0..YIELDS / YIELD_CHUNK {
+                let start = monotonic_ns();
+                for _ in 0..YIELD_CHUNK {
+                    // SAFETY: no preconditions.
+                    unsafe { libc::sched_yield() };
+                }
+                chunk_ns.push(monotonic_ns() - start);
+            }
+            Ok((chunk_ns, thread_switches() - switches))
+        })
+    };
+    let threads = [spawn(), spawn()];
+    let (mut chunk_ns, mut switches) = (Vec::new(), 0);
+    for thread in threads {
+        let (chunks, switched) = thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("yield thread panicked"))??;
+        chunk_ns.extend(chunks);
+        switches += switched;
+    }
+    if switches < YIELDS {
+        bail!(
+            "only {switches} context switches in {} yields: the yields did not alternate",
+            2 * YIELDS
+        );
+    }
+    // While one thread runs its loop the other runs its own: one thread's chunks span the run.
+    Ok(Arm {
+        elapsed_ns: robust_elapsed_ns(&chunk_ns, YIELDS / YIELD_CHUNK),
+        units: switches,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(untraced: (u64, u64), traced: (u64, u64), events: u64) -> Round {
+        Round {
+            untraced: Arm {
+                elapsed_ns: untraced.0,
+                units: untraced.1,
+            },
+            traced: Arm {
+                elapsed_ns: traced.0,
+                units: traced.1,
+            },
+            events,
+        }
+    }
+
+    #[test]
+    fn cost_is_added_time_per_event() {
+        // 1000 calls: 2 ns each untraced, 302 ns traced, one event per call.
+        assert_eq!(
+            round((2_000, 1000), (302_000, 1000), 1000).ns_per_hit(),
+            Some(300.0)
+        );
+        // Switches: 1000 ns untraced, 1100 traced, two events per switch → 50 ns per event;
+        // arms with different unit counts compare per unit.
+        let sched = round((1_000_000, 1000), (2_200_000, 2000), 4000);
+        assert_eq!(sched.ns_per_hit(), Some(50.0));
+        // A traced arm that is faster gives a negative cost: reported, not hidden.
+        assert_eq!(
+            round((2_000, 1000), (1_000, 1000), 1000).ns_per_hit(),
+            Some(-1.0)
+        );
+        assert_eq!(round((2_000, 1000), (302_000, 1000), 0).ns_per_hit(), None);
+        assert_eq!(round((2_000, 0), (302_000, 1000), 10).ns_per_hit(), None);
+    }
+
+    #[test]
+    fn a_preempted_chunk_does_not_count() {
+        assert_eq!(robust_elapsed_ns(&[100, 5_000_000, 102, 98, 101], 5), 505);
+        assert_eq!(robust_elapsed_ns(&[], 5), 0);
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+
+    #[test]
+    fn kind_cost_takes_the_median_round_and_refuses_silent_probes() {
+        let rounds = vec![
+            round((0, 10), (1000, 10), 10),
+            round((0, 10), (3000, 10), 10),
+            round((0, 10), (2000, 10), 20),
+        ];
+        let cost = KindCost::from_rounds(rounds).unwrap();
+        assert_eq!(
+            (cost.ns_per_hit, cost.min_ns, cost.max_ns),
+            (100.0, 100.0, 300.0)
+        );
+        assert_eq!(cost.hits_per_unit, 1.0);
+        assert!(KindCost::from_rounds(vec![round((0, 10), (100, 10), 0)]).is_err());
+        assert!(KindCost::from_rounds(Vec::new()).is_err());
+    }
+
+    fn flat(ns: f64) -> KindCost {
+        KindCost::from_rounds(vec![round((0, 1), (ns as u64, 1), 1)]).unwrap()
+    }
+
+    fn calibration() -> Calibration {
+        Calibration {
+            cpu: 1,
+            elapsed_s: 0.5,
+            site: flat(300.0),
+            syscall: flat(100.0),
+            sock: flat(60.0),
+            sched: flat(40.0),
+        }
+    }
+
+    #[test]
+    fn per_request_is_hits_times_cost() {
+        let hits = HitsPerRequest {
+            sites: 20.0,
+            syscalls: 6.0,
+            sock: 2.5,
+            sched: 4.0,
+            samples: 1.0,
+        };
+        let p = calibration().per_request(&hits);
+        assert_eq!(
+            (p.sites, p.syscalls, p.sock, p.sched),
+            (6000.0, 600.0, 150.0, 160.0)
+        );
+        assert_eq!(p.total(), 6910.0);
+        let section = calibration().section(&hits);
+        assert_eq!(section["probe_ns_per_request"], 6910.0);
+        assert_eq!(section["ns_per_hit"]["site"], 300.0);
+        assert_eq!(section["probe_ns_per_request_by_kind"]["sock"], 150.0);
+        let summary = calibration().summary(&hits);
+        assert!(
+            summary.contains("site 300, syscall 100, sock 60, sched 40 ns"),
+            "{summary}"
+        );
+        assert!(summary.contains("~6.9 us"), "{summary}");
+        assert!(!summary.contains("noisy"), "{summary}");
+        let mut noisy = calibration();
+        noisy.sched = KindCost::from_rounds(vec![
+            round((0, 1), (40, 1), 1),
+            round((0, 1), (90, 1), 1),
+            round((0, 1), (41, 1), 1),
+        ])
+        .unwrap();
+        assert!(
+            noisy
+                .summary(&hits)
+                .contains("sched 41 (noisy: rounds 40..90)")
+        );
+        assert_eq!(noisy.section(&hits)["noisy"], serde_json::json!(["sched"]));
+    }
+}
