@@ -226,6 +226,10 @@ impl Bench {
             &path_arg(&dir),
         ]);
         flags.extend(strings(extra));
+        // Calibration is measured once, in the accuracy run; the others skip its loops.
+        if name != "accuracy" {
+            flags.push("--no-calibrate".to_owned());
+        }
         let log_dir = dir.clone();
         let proc = Proc::spawn(
             "tracer",
@@ -440,6 +444,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "xtask: [3/6] A/B, {} windows of {window} s per arm at {rate:.0} req/s",
         args.windows
     );
+    // An untraced settle window, discarded: the accuracy run's tracer exit and the
+    // cross-check's read of the raw dump leave the machine busy for a moment.
+    bench.open_loop(rate, window.min(5.0), &[])?;
     let mut windows = Vec::new();
     for i in 0..(2 * args.windows as usize) {
         let traced_arm = i % 4 == 1 || i % 4 == 2;

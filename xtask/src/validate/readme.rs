@@ -246,11 +246,45 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
     writeln!(md, "## 3. Probe cost\n")?;
     match v["calibration"].as_object() {
         Some(cal) => {
-            writeln!(md, "Calibration at tracer start (ns per hit):\n")?;
-            for (k, x) in cal {
-                writeln!(md, "- {k}: {x}")?;
+            writeln!(
+                md,
+                "Calibration at the accuracy run's start, on CPU {} ({} s; median of rounds, \
+                 min–max across rounds):\n",
+                int(&cal["cpu"]),
+                num(&cal["elapsed_s"], 1)
+            )?;
+            writeln!(
+                md,
+                "| probe kind | ns per hit | min–max | probe ns per request |\n|---|---|---|---|"
+            )?;
+            let by_kind = &cal["probe_ns_per_request_by_kind"];
+            for (kind, ns) in cal["ns_per_hit"].as_object().into_iter().flatten() {
+                let range = &cal["ns_per_hit_min_max"][kind];
+                let per_request = match kind.as_str() {
+                    "site" => &by_kind["sites"],
+                    "syscall" => &by_kind["syscalls"],
+                    other => &by_kind[other],
+                };
+                writeln!(
+                    md,
+                    "| {kind} | {} | {}–{} | {} |",
+                    num(ns, 0),
+                    num(&range[0], 0),
+                    num(&range[1], 0),
+                    num(per_request, 0)
+                )?;
             }
-            writeln!(md)?;
+            writeln!(
+                md,
+                "\nProbe time added per request (calibrated cost × hits per request): **{} µs**; \
+                 not included: {}.{}\n",
+                num(&json_f64(f(&cal["probe_ns_per_request"]) / 1000.0), 1),
+                cal["not_included"].as_str().unwrap_or("?"),
+                match cal["noisy"].as_array().filter(|n| !n.is_empty()) {
+                    Some(noisy) => format!(" Noisy (rounds disagree): {noisy:?}."),
+                    None => String::new(),
+                }
+            )?;
         }
         None => writeln!(
             md,
