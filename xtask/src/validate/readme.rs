@@ -560,4 +560,20 @@ mod tests {
             "{md}"
         );
     }
+
+    #[test]
+    fn calibration_table() {
+        let v = serde_json::json!({"calibration": {
+            "cpu": 1, "elapsed_s": 2.5,
+            "ns_per_hit": {"site": 900.0, "syscall": 120.0},
+            "ns_per_hit_min_max": {"site": [850.0, 990.0], "syscall": [100.0, 150.0]},
+            "probe_ns_per_request": 61200.0,
+            "probe_ns_per_request_by_kind": {"sites": 60000.0, "syscalls": 1200.0},
+            "noisy": [], "not_included": "cpu-clock samples",
+        }});
+        let mut md = String::new();
+        render(&mut md, &v).unwrap();
+        assert!(md.contains("| site | 900 | 850–990 | 60000 |"), "{md}");
+        assert!(md.contains("**61.2 µs**"), "{md}");
+    }
 }
