@@ -27,7 +27,11 @@ fn every_kind_gets_a_positive_finite_cost() {
             "{name}: {} ns per hit",
             cost.ns_per_hit
         );
-        assert_eq!(cost.rounds.len(), calibrate::ROUNDS, "{name}");
+        let rounds = cost.rounds.len();
+        assert!(
+            (calibrate::MIN_ROUNDS..=calibrate::ROUNDS).contains(&rounds),
+            "{name}: {rounds} rounds"
+        );
     }
     let uprobes = std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
     assert!(!uprobes.contains("tracer_calibration"), "{uprobes}");
