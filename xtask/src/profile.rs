@@ -73,6 +73,9 @@ pub struct Args {
     /// Skip the search and use this max rate (req/s), e.g. to repeat a session.
     #[arg(long, value_parser = rate)]
     max_rate: Option<f64>,
+    /// Seconds per `--find-max` step (each step also warms up for half that, at most 1 s).
+    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
+    find_max_step: f64,
     /// Untraced open-loop warm-up at the target rate before the tracer attaches, in s.
     #[arg(long, default_value_t = 3.0, value_parser = seconds)]
     warmup: f64,
@@ -178,8 +181,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => {
             eprintln!("xtask: searching the max rate (loadgen --find-max)");
             let find_max = out.join("find-max.json");
+            let step = args.find_max_step;
             loadgen(
-                &strings(&["--find-max", "--out", &path_arg(&find_max)]),
+                &strings(&[
+                    "--find-max",
+                    "--duration",
+                    &step.to_string(),
+                    "--warmup",
+                    &(step / 2.0).min(1.0).to_string(),
+                    "--out",
+                    &path_arg(&find_max),
+                ]),
                 Duration::from_secs(300),
             )?;
             let json: serde_json::Value = serde_json::from_slice(&fs::read(&find_max)?)?;
@@ -317,6 +329,15 @@ fn command_line(args: &Args) -> String {
         "cargo xtask profile --load {} --delay-ms {} --duration {} --workers {}",
         args.load, args.delay_ms, args.duration, args.workers
     );
+    if args.find_max_step != 2.0 {
+        line += &format!(" --find-max-step {}", args.find_max_step);
+    }
+    if args.warmup != 3.0 {
+        line += &format!(" --warmup {}", args.warmup);
+    }
+    if let Some(max) = args.max_rate {
+        line += &format!(" --max-rate {max}");
+    }
     if let Some(out) = &args.out {
         line += &format!(" --out {}", out.display());
     }

@@ -1,0 +1,154 @@
+//! Root only: a short tail session through the very command users run (`xtask profile`, the
+//! built xtask binary), then every file the session README lists is checked: present, SVGs
+//! well-formed with gateway frames in them, trace.json with complete events on at least three
+//! tracks, and every folded file re-rendered by inferno.
+//!
+//! Kept short (about 30 s once the release binaries are built): a 0.5 s find-max step, a 1 s
+//! warm-up and a 6 s traced window at 25% of max.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+const SVGS: [&str; 4] = [
+    "tail-oncpu.svg",
+    "all-oncpu.svg",
+    "tail-offcpu.svg",
+    "tail-diff.svg",
+];
+const FOLDED: [&str; 4] = [
+    "tail-oncpu.folded",
+    "all-oncpu.folded",
+    "tail-offcpu.folded",
+    "median-oncpu.folded",
+];
+/// A frame of the gateway crate itself (its functions demangle to `gateway::...`).
+const GATEWAY_FRAME: &str = "gateway::";
+
+fn is_root() -> bool {
+    // SAFETY: no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// inferno's SVGs carry a DOCTYPE, which roxmltree refuses unless allowed.
+fn parse_svg(text: &str) -> roxmltree::Document<'_> {
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    roxmltree::Document::parse_with_options(text, options).expect("well-formed XML")
+}
+
+/// Text of every `<title>` (inferno puts each frame's name and count there).
+fn frame_titles(doc: &roxmltree::Document<'_>) -> Vec<String> {
+    doc.descendants()
+        .filter(|n| n.has_tag_name("title"))
+        .filter_map(|n| n.text().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn a_short_profile_session_writes_every_file() {
+    if !is_root() {
+        eprintln!("SKIPPED a_short_profile_session_writes_every_file: needs root (eBPF)");
+        return;
+    }
+    let started = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("session");
+    let status = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args([
+            "profile",
+            "--duration",
+            "6",
+            "--warmup",
+            "1",
+            "--find-max-step",
+            "0.5",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .expect("running xtask profile");
+    assert!(status.success(), "xtask profile failed ({status})");
+    eprintln!(
+        "profile_session: session took {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    check_session(&out);
+}
+
+fn check_session(out: &Path) {
+    for file in [
+        "README.md",
+        "breakdown.json",
+        "loadgen.json",
+        "trace.json",
+        "pictures.json",
+    ]
+    .iter()
+    .chain(&SVGS)
+    .chain(&FOLDED)
+    {
+        assert!(
+            out.join(file).is_file(),
+            "{file} missing in {}",
+            out.display()
+        );
+    }
+    assert!(
+        out.join("requests.csv.gz").is_file() || out.join("requests.csv").is_file(),
+        "requests.csv(.gz) missing"
+    );
+    let readme = std::fs::read_to_string(out.join("README.md")).unwrap();
+    for svg in SVGS {
+        assert!(readme.contains(svg), "README.md does not link {svg}");
+    }
+
+    for svg in SVGS {
+        let text = std::fs::read_to_string(out.join(svg)).unwrap();
+        let doc = parse_svg(&text);
+        assert_eq!(doc.root_element().tag_name().name(), "svg", "{svg}");
+        let titles = frame_titles(&doc);
+        assert!(
+            titles.iter().any(|t| t.contains(GATEWAY_FRAME)),
+            "{svg}: no gateway frame among {} frames",
+            titles.len()
+        );
+    }
+
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("trace.json")).unwrap())
+            .expect("trace.json is JSON");
+    let events = trace["traceEvents"].as_array().expect("traceEvents");
+    let tracks: BTreeSet<(u64, u64)> = events
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap()))
+        .collect();
+    assert!(
+        tracks.len() >= 3,
+        "complete events on {} tracks only",
+        tracks.len()
+    );
+
+    for folded in FOLDED {
+        let text = std::fs::read_to_string(out.join(folded)).unwrap();
+        assert!(!text.trim().is_empty(), "{folded} is empty");
+        let mut svg = Vec::new();
+        let mut options = inferno::flamegraph::Options::default();
+        inferno::flamegraph::from_lines(&mut options, text.lines(), &mut svg)
+            .unwrap_or_else(|e| panic!("{folded}: inferno: {e}"));
+        let svg = String::from_utf8(svg).unwrap();
+        let doc = parse_svg(&svg);
+        assert!(
+            frame_titles(&doc).len() > 1,
+            "{folded} re-rendered without frames"
+        );
+    }
+
+    let breakdown: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("breakdown.json")).unwrap()).unwrap();
+    assert!(breakdown["requests"].as_u64().unwrap() > 0, "{breakdown}");
+}
