@@ -134,6 +134,27 @@ pub fn write(dir: &Path, facts: &SessionFacts) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Sends more than this late (p99 of sent − scheduled) mean the open loop fell behind.
+const SEND_LAG_LIMIT_US: f64 = 1000.0;
+
+/// A warning when the gateway did not keep up with the open loop: requests never sent, a
+/// send lag over [`SEND_LAG_LIMIT_US`] at p99, or under 95% of the target rate achieved. The
+/// figures then describe a saturated gateway, not the load fraction asked for.
+fn overload_warning(loadgen: &Value, target_rate: f64) -> Option<String> {
+    let unsent = loadgen["errors"]["unsent"].as_u64().unwrap_or(0);
+    let lag_p99 = loadgen["send_lag_us"]["p99"].as_f64().unwrap_or(0.0);
+    let achieved = loadgen["achieved_rate"].as_f64().unwrap_or(0.0);
+    let behind = unsent > 0 || lag_p99 > SEND_LAG_LIMIT_US || achieved < 0.95 * target_rate;
+    behind.then(|| {
+        format!(
+            "**WARNING: the open loop fell behind** ({unsent} requests unsent, send lag p99 \
+             {lag_p99:.0} µs, {achieved:.0} of {target_rate:.0} req/s achieved): the gateway did \
+             not sustain the target rate, so these figures describe a saturated gateway. Rerun on \
+             a quiet machine (see the load average below) or at a lower --load."
+        )
+    })
+}
+
 fn render(
     facts: &SessionFacts,
     breakdown: &Value,
@@ -177,6 +198,10 @@ fn render(
         loadgen["sent"],
         loadgen["ok"]
     );
+    let overloaded = overload_warning(loadgen, facts.target_rate);
+    if let Some(warning) = &overloaded {
+        let _ = writeln!(w, "- {warning}");
+    }
     let _ = writeln!(
         w,
         "- traced window: {} s, after an untraced {} s warm-up at the target rate; the tracer attached before the traced load started",
@@ -298,6 +323,9 @@ fn render(
     }
 
     let _ = writeln!(w, "\n## Reading\n");
+    if let Some(warning) = &overloaded {
+        let _ = writeln!(w, "- {warning}");
+    }
     let (p50, p99, p999) = (
         pct_us(&o.overhead, 500),
         pct_us(&o.overhead, 990),
@@ -348,6 +376,19 @@ fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loop_that_fell_behind_is_flagged() {
+        let kept_up = serde_json::json!({
+            "achieved_rate": 3890.0, "errors": {}, "send_lag_us": {"p99": 40.0}
+        });
+        assert_eq!(overload_warning(&kept_up, 3898.0), None);
+        let behind = serde_json::json!({
+            "achieved_rate": 3502.0, "errors": {"unsent": 4864}, "send_lag_us": {"p99": 3.3e6}
+        });
+        let warning = overload_warning(&behind, 3898.0).unwrap();
+        assert!(warning.contains("4864 requests unsent"), "{warning}");
+    }
 
     #[test]
     fn overheads_come_from_the_part_columns() {
