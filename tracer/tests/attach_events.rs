@@ -87,6 +87,8 @@ fn stops_when_the_target_exits() {
         &pid,
         "--out",
         out.path().to_str().unwrap(),
+        // The fixture lives 2 s: calibrating first could outlast it.
+        "--no-calibrate",
     ]);
     fixture.wait().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
