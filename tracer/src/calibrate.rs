@@ -64,8 +64,8 @@ pub const ROUNDS: usize = 5;
 pub const MIN_ROUNDS: usize = 3;
 const UNTRACED_BUDGET_MS: u128 = 150;
 // Loop sizes (multiples of their chunks). Each chunk is timed on its own and an arm's time is
-// its lower-quartile chunk scaled to the loop: a chunk in which another task ran is an outlier, not
-// a cost (the machine is shared; the gateway and load generator may be running).
+// its lower-quartile chunk scaled to the loop: a chunk in which another task ran is an
+// outlier, not a cost (the machine is shared; the gateway and load generator may be running).
 const SITE_CALLS: u64 = 20_000;
 const SITE_CHUNK: u64 = 200;
 const WRITES: u64 = 20_000;
@@ -154,6 +154,12 @@ impl KindCost {
             rounds,
         })
     }
+
+    /// Rounds disagree by more than half the median: the machine was busy, so the figure is a
+    /// rough one (said next to it, never hidden).
+    pub fn is_noisy(&self) -> bool {
+        self.max_ns - self.min_ns > 0.5 * self.ns_per_hit.abs()
+    }
 }
 
 /// The loop's time from its chunks' times: the lower-quartile chunk × the number of chunks.
@@ -184,14 +190,6 @@ fn timed_chunks(
         elapsed_ns: robust_elapsed_ns(&chunk_ns, chunks),
         units: chunks * chunk,
     })
-}
-
-impl KindCost {
-    /// Rounds disagree by more than half the median: the machine was busy, so the figure is a
-    /// rough one (said next to it, never hidden).
-    pub fn is_noisy(&self) -> bool {
-        self.max_ns - self.min_ns > 0.5 * self.ns_per_hit.abs()
-    }
 }
 
 /// The middle value (mean of the two middle ones for an even count); 0 for none.
@@ -273,6 +271,8 @@ impl Calibration {
         }
         let per_request = self.per_request(hits);
         json!({
+            "method": "own-process loops with the session's programs filtered on the tracer's \
+                       pid, untraced then traced, lower-quartile chunk per round, median round",
             "cpu": self.cpu,
             "rounds": rounds,
             "elapsed_s": round3(self.elapsed_s),
@@ -291,7 +291,7 @@ impl Calibration {
         })
     }
 
-    /// One line per figure for the stdout summary.
+    /// Two lines for the stdout summary: costs per hit, and probe time per request.
     pub fn summary(&self, hits: &HitsPerRequest) -> String {
         let costs: Vec<String> = self
             .kinds()
@@ -507,10 +507,10 @@ impl Probes {
         })
     }
 
-    /// [`MIN_ROUNDS`]..=[`ROUNDS`] rounds of `measure` without `hooks`, then as many with them (`base`
-    /// attached throughout), after one untimed warm-up; counts the `kinds` events each traced
-    /// round wrote. Not interleaved: a detach costs ~40-70 ms per hook here (the kernel waits
-    /// for an RCU grace period), so the arms are attached once; chunk medians absorb drift.
+    /// [`MIN_ROUNDS`]..=[`ROUNDS`] rounds of `measure` without `hooks`, then as many with them
+    /// (`base` attached throughout), after one untimed warm-up; counts the `kinds` events each
+    /// traced round wrote. Not interleaved: a detach costs 20-200 ms here (the kernel waits for
+    /// an RCU grace period), so the hooks are attached once; chunk quartiles absorb drift.
     fn kind(
         &mut self,
         hooks: &[Hook],
