@@ -449,12 +449,13 @@ impl Rebuilder {
                 }
             }
             Site::ReceiptDurable => {
-                let batch = self.writer.batch(tid);
                 let Some(r) = self.request(a0) else { return };
                 if r.durable.replace((ts, tid)).is_some() {
                     self.abandon(a0, "duplicate receipt durable");
                     return;
                 }
+                let batch = self.writer.take_batch(tid);
+                let Some(r) = self.open.get_mut(&a0) else { return };
                 r.hits.sites += batch.sites;
                 r.hits.syscalls += batch.syscalls;
                 r.hits.sched += batch.sched;

@@ -91,8 +91,13 @@ impl WriterLog {
         self.batch_hits.get_mut(&tid)
     }
 
-    pub(crate) fn batch(&self, tid: u32) -> Hits {
-        self.batch_hits.get(&tid).copied().unwrap_or_default()
+    /// The writer hits of `tid`'s batch not yet charged to a request, now charged: a batch's
+    /// hits go to its first durable request only, so the mean per request is the true cost.
+    pub(crate) fn take_batch(&mut self, tid: u32) -> Hits {
+        self.batch_hits
+            .get_mut(&tid)
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     pub(crate) fn split(&self, w: u32, a: u64, b: u64) -> Vec<LedgerPiece> {
