@@ -281,7 +281,14 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
                 num(&json_f64(f(&cal["probe_ns_per_request"]) / 1000.0), 1),
                 cal["not_included"].as_str().unwrap_or("?"),
                 match cal["noisy"].as_array().filter(|n| !n.is_empty()) {
-                    Some(noisy) => format!(" Noisy (rounds disagree): {noisy:?}."),
+                    Some(noisy) => format!(
+                        " Noisy (rounds disagree): {}.",
+                        noisy
+                            .iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
                     None => String::new(),
                 }
             )?;
@@ -354,12 +361,12 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
     writeln!(md, "## 4. Loss\n")?;
     writeln!(
         md,
-        "| run | rate req/s | ring MiB | 2xx | events lost | complete | incomplete | negative gaps | complete across a loss span |\n|---|---|---|---|---|---|---|---|---|"
+        "| run | rate req/s | ring MiB | 2xx | events lost | complete | incomplete | 2xx never seen by the tracer | negative gaps | complete across a loss span |\n|---|---|---|---|---|---|---|---|---|---|"
     )?;
     for r in v["loss"].as_array().into_iter().flatten() {
         writeln!(
             md,
-            "| {} | {} | {} | {} | **{}** | {} | **{}** | {} | {} |",
+            "| {} | {} | {} | {} | **{}** | {} | **{}** | {} | {} | {} |",
             r["name"].as_str().unwrap_or("?"),
             num(&r["rate"], 0),
             r["ring_mib"]
@@ -369,6 +376,7 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
             int(&r["lost_events"]),
             int(&r["requests"]),
             int(&r["incomplete"]),
+            never_seen(&r["accuracy"]),
             int(&r["accuracy"]["negative"]),
             if r["complete_crossing_loss"].is_null() {
                 "not reported".to_owned()
@@ -380,7 +388,12 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
     writeln!(
         md,
         "\nRequests overlapping a loss span are counted incomplete and excluded from every \
-         percentile; none is attributed from partial events.\n"
+         percentile; none is attributed from partial events. A request all of whose events fell \
+         in a loss span is not known to the tracer at all: it is among the lost events, and \
+         shows only as a 2xx the tracer never saw. The forced-loss run stops the tracer's reader \
+         (SIGSTOP) for {} s with a {} MiB ring.\n",
+        num(&s["forced_stall_s"], 1),
+        int(&s["forced_ring_mib"])
     )?;
 
     // 5. Soak.
@@ -451,6 +464,17 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
         num(&v["wall_time_s"], 0)
     )?;
     Ok(())
+}
+
+/// 2xx responses neither complete nor listed incomplete by the tracer.
+fn never_seen(join: &Value) -> String {
+    let listed: u64 = join["client_only_incomplete"]
+        .as_object()
+        .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+    match join["untraced_ok"].as_u64() {
+        Some(n) => n.saturating_sub(listed).to_string(),
+        None => "—".to_owned(),
+    }
 }
 
 fn f(v: &Value) -> f64 {
