@@ -28,9 +28,9 @@
 //! is not charged. Not covered: cpu-clock samples, and the filter-only runs that every other
 //! task on the machine pays while the tracepoints are attached.
 //!
-//! Per request, probe ns = Σ kind hits × ns per hit, with the rebuild's hit counts: a request
-//! carries the writer hits of its whole ledger batch, so that figure is probe time on the
-//! request's path (the batch's probes delay every receipt in it), not CPU time of its own.
+//! Per request, probe ns = Σ kind hits × ns per hit, with the rebuild's mean hit counts (a
+//! ledger batch's writer hits are charged once, to its first durable request, so the mean
+//! spreads them over the batch).
 
 use std::{
     fs::File,
@@ -292,8 +292,8 @@ impl Calibration {
                 "sched": round1(per_request.sched),
             },
             "not_included": "cpu-clock samples; filter-only runs in other tasks",
-            "note": "hits of the ledger batch that made a receipt durable count in full for \
-                     every request of that batch, so shared writer probes are on each path",
+            "note": "a ledger batch's writer hits are charged once, to its first durable \
+                     request, so the mean over requests is the probe time per request",
         })
     }
 
