@@ -353,6 +353,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .prefix("xtask-validate-")
         .tempdir()?;
 
+    // Before building: the commit and the uncommitted paths are those of the code measured.
+    let machine = Machine::collect();
     let bins = Binaries::build()?;
     let tracer = build_tracer_bins()?;
     let load_cpus = Some(args.load_cpus.as_str());
@@ -628,7 +630,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "cost": soak_breakdown.get("cost").cloned(),
     });
 
-    let machine = Machine::collect();
     let validation = json!({
         "command": command_line(&args),
         "machine": machine,

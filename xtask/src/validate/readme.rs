@@ -61,6 +61,9 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
         m["date"].as_str().unwrap_or("?"),
         m["load_average"].as_str().unwrap_or("?")
     )?;
+    if let Some(note) = m["commit_note"].as_str() {
+        writeln!(md, "- note on the commit: {note}")?;
+    }
     if let Some(dirty) = m["uncommitted"].as_array().filter(|d| !d.is_empty()) {
         let list: Vec<String> = dirty
             .iter()
