@@ -3,7 +3,8 @@
 //!
 //! The fixture is the test binary itself: the `fixture_child` test re-executed with
 //! `TRACER_FIXTURE_SECS` set runs the workload, so the probe-site symbols the tracer looks for
-//! are in the very binary it attaches to.
+//! are in the very binary it attaches to. They are the gateway's own sites
+//! (`gateway::probe`), linked in because [`fixture_main`] calls every one of them.
 
 #![allow(
     dead_code,
@@ -17,6 +18,13 @@ use std::{
     path::Path,
     process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
+};
+
+use gateway::probe::{
+    gw_probe_batch_begin, gw_probe_commit_begin, gw_probe_commit_end, gw_probe_ledger_enqueue,
+    gw_probe_phase_begin, gw_probe_phase_end, gw_probe_poll_enter, gw_probe_poll_exit,
+    gw_probe_receipt_durable, gw_probe_request_begin, gw_probe_request_end, gw_probe_sign_begin,
+    gw_probe_sign_end,
 };
 
 pub const FIXTURE_ENV: &str = "TRACER_FIXTURE_SECS";
@@ -45,30 +53,6 @@ pub fn run_tracer(args: &[&str]) -> Output {
         .output()
         .expect("running the tracer binary")
 }
-
-macro_rules! probe_site {
-    ($name:ident) => {
-        #[unsafe(no_mangle)]
-        #[unsafe(naked)]
-        pub extern "C" fn $name(_a0: u64, _a1: u64, _a2: u64) {
-            core::arch::naked_asm!(".byte 0x0f, 0x1f, 0x44, 0x00, 0x00", "ret")
-        }
-    };
-}
-
-probe_site!(gw_probe_request_begin);
-probe_site!(gw_probe_request_end);
-probe_site!(gw_probe_phase_begin);
-probe_site!(gw_probe_phase_end);
-probe_site!(gw_probe_poll_enter);
-probe_site!(gw_probe_poll_exit);
-probe_site!(gw_probe_ledger_enqueue);
-probe_site!(gw_probe_batch_begin);
-probe_site!(gw_probe_sign_begin);
-probe_site!(gw_probe_sign_end);
-probe_site!(gw_probe_commit_begin);
-probe_site!(gw_probe_commit_end);
-probe_site!(gw_probe_receipt_durable);
 
 /// The fixture's workload, for `secs` seconds: a client thread opens a new loopback connection
 /// per request; the server accepts, reads, hits the sites, fdatasyncs, answers, yields.
