@@ -2,7 +2,7 @@
 //! CPUs with `taskset`, readiness checks, and kill-and-reap on drop so an error (or a dying
 //! xtask: see `PR_SET_PDEATHSIG` below) never leaves a gateway or upstream running.
 
-use std::fs::File;
+use std::fs::{self, File};
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt as _;
@@ -17,6 +17,12 @@ use anyhow::{Context as _, bail, ensure};
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a SIGTERM'd child gets to exit before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(3);
+/// The line the tracer prints once every program is attached.
+const TRACER_READY: &str = "tracer: program ids";
+/// Calibration and attach, before the ready line.
+const TRACER_READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Draining, rebuilding, symbolizing and drawing after the stop signal.
+const TRACER_FINISH_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -250,6 +256,54 @@ impl Drop for Proc {
     }
 }
 
+/// A running `tracer record`, attached: started by [`start_tracer`], ended by
+/// [`TracerProc::stop`] (or killed on drop, like any [`Proc`]).
+pub struct TracerProc {
+    pub proc: Proc,
+}
+
+/// Starts the tracer with `args` (under `taskset -c cpus` when given), logging to
+/// `log_dir/tracer.log`, and waits for its `tracer: program ids` line: every program attached.
+pub fn start_tracer(
+    bin: &Path,
+    cpus: Option<&str>,
+    args: &[String],
+    log_dir: &Path,
+) -> anyhow::Result<TracerProc> {
+    let mut proc = Proc::spawn("tracer", cpus, bin, args, log_dir, false)?;
+    let deadline = Instant::now() + TRACER_READY_TIMEOUT;
+    loop {
+        if fs::read_to_string(&proc.log).is_ok_and(|text| text.contains(TRACER_READY)) {
+            return Ok(TracerProc { proc });
+        }
+        if proc.child.try_wait()?.is_some() {
+            bail!("the tracer exited before attaching{}", proc.log_tail());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the tracer did not attach within {TRACER_READY_TIMEOUT:?}{}",
+            proc.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+impl TracerProc {
+    /// SIGINT (the tracer's Ctrl-C: drain, detach, report), then waits for it to write its
+    /// files; fails unless it exits successfully.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        // SAFETY: signalling our own child, not reaped yet.
+        unsafe { libc::kill(self.proc.pid() as libc::pid_t, libc::SIGINT) };
+        let status = self.proc.wait_timeout(TRACER_FINISH_TIMEOUT)?;
+        ensure!(
+            status.success(),
+            "the tracer failed ({status}){}",
+            self.proc.log_tail()
+        );
+        Ok(())
+    }
+}
+
 pub struct MockUpstream {
     pub proc: Proc,
     pub url: String,
@@ -425,6 +479,43 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(proc.cpus_allowed().unwrap(), "0");
+    }
+
+    fn fake_tracer(script: &str, dir: &Path) -> anyhow::Result<TracerProc> {
+        let args = ["-c".to_owned(), script.to_owned()];
+        start_tracer(Path::new("/bin/sh"), None, &args, dir)
+    }
+
+    #[test]
+    fn a_tracer_is_ready_at_its_program_ids_line_and_stops_on_sigint() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = "trap 'echo drained >&2; exit 0' INT; \
+                      echo 'tracer: program ids 1,2' >&2; while :; do sleep 0.05; done";
+        let mut tracer = fake_tracer(script, dir.path()).unwrap();
+        tracer.stop().unwrap();
+        let log = fs::read_to_string(dir.path().join("tracer.log")).unwrap();
+        assert!(log.contains("drained"), "SIGINT reached the trap: {log}");
+    }
+
+    #[test]
+    fn a_tracer_that_exits_before_attaching_is_an_error_with_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = fake_tracer("echo 'no probe sites' >&2; exit 3", dir.path())
+            .err()
+            .expect("never printed its ready line");
+        let text = format!("{err:#}");
+        assert!(text.contains("exited before attaching"), "{text}");
+        assert!(text.contains("no probe sites"), "{text}");
+    }
+
+    #[test]
+    fn a_failing_tracer_stop_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = "trap 'exit 4' INT; echo 'tracer: program ids 7' >&2; \
+                      while :; do sleep 0.05; done";
+        let mut tracer = fake_tracer(script, dir.path()).unwrap();
+        let text = format!("{:#}", tracer.stop().unwrap_err());
+        assert!(text.contains("the tracer failed"), "{text}");
     }
 
     #[test]

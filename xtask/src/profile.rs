@@ -17,11 +17,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 
 use crate::machine::{Machine, utc_now};
 use crate::procs::{
-    self, Binaries, Proc, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
+    self, Binaries, TracerProc, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
 };
 
 /// Files the tracer must leave in the session directory.
@@ -41,11 +41,6 @@ const TRACER_FILES: [&str; 12] = [
 ];
 /// Keep-alive connections of the open loop (one per in-flight request).
 const CONNECTIONS: u64 = 32;
-/// The line the tracer prints once every program is attached.
-const TRACER_READY: &str = "tracer: program ids";
-const TRACER_READY_TIMEOUT: Duration = Duration::from_secs(120);
-/// Draining, rebuilding, symbolizing and drawing after the stop signal.
-const TRACER_FINISH_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -247,7 +242,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (
             "tracer".to_owned(),
             args.load_cpus.clone(),
-            tracer.cpus_allowed()?,
+            tracer.proc.cpus_allowed()?,
         ),
         (
             "loadgen".to_owned(),
@@ -276,7 +271,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ),
         Duration::from_secs_f64(args.duration + 120.0),
     );
-    let stopped = stop_tracer(&mut tracer);
+    let stopped = tracer.stop();
     follow.store(false, Ordering::SeqCst);
     traced?;
     stopped?;
@@ -286,7 +281,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             out.join(file).exists(),
             "the tracer left no {file} in {}{}",
             out.display(),
-            tracer.log_tail()
+            tracer.proc.log_tail()
         );
     }
 
@@ -383,7 +378,7 @@ fn start_tracer(
     pid: u32,
     out: &Path,
     logs: &Path,
-) -> anyhow::Result<Proc> {
+) -> anyhow::Result<TracerProc> {
     let flags = strings(&[
         "record",
         "--pid",
@@ -395,45 +390,7 @@ fn start_tracer(
         "--offcpu-stacks",
     ]);
     eprintln!("xtask: attaching the tracer to pid {pid}");
-    let tracer = Proc::spawn("tracer", Some(&args.load_cpus), bin, &flags, logs, false)?;
-    let log = logs.join("tracer.log");
-    let deadline = Instant::now() + TRACER_READY_TIMEOUT;
-    loop {
-        if fs::read_to_string(&log).is_ok_and(|text| text.contains(TRACER_READY)) {
-            return Ok(tracer);
-        }
-        if has_exited(tracer.pid()) {
-            bail!("the tracer exited before attaching{}", tracer.log_tail());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        if Instant::now() >= deadline {
-            bail!(
-                "the tracer did not attach within {TRACER_READY_TIMEOUT:?}{}",
-                tracer.log_tail()
-            );
-        }
-    }
-}
-
-/// Whether our child `pid` has exited (gone, or a zombie not yet reaped).
-fn has_exited(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        stat.rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-    })
-}
-
-/// SIGINT (the tracer's Ctrl-C: drain, detach, report), then wait for it to write its files.
-fn stop_tracer(tracer: &mut Proc) -> anyhow::Result<()> {
-    // SAFETY: signalling our own, not yet reaped child.
-    unsafe { libc::kill(tracer.pid() as libc::pid_t, libc::SIGINT) };
-    let status = tracer.wait_timeout(TRACER_FINISH_TIMEOUT)?;
-    ensure!(
-        status.success(),
-        "the tracer failed ({status}){}",
-        tracer.log_tail()
-    );
-    Ok(())
+    procs::start_tracer(bin, Some(&args.load_cpus), &flags, logs)
 }
 
 /// Echoes new lines of `path` (the tracer's live progress) to stderr until the flag drops.

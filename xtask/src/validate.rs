@@ -28,16 +28,12 @@ use serde_json::{Value, json};
 
 use crate::machine::{Machine, utc_now};
 use crate::procs::{
-    self, Binaries, Gateway, MockUpstream, Proc, init_demo_db, run_loadgen, start_gateway,
-    start_mock_upstream,
+    self, Binaries, Gateway, MockUpstream, TracerProc, init_demo_db, run_loadgen, start_gateway,
+    start_mock_upstream, start_tracer,
 };
 
 /// Open-loop keep-alive connections (as `xtask profile`).
 const CONNECTIONS: u64 = 32;
-/// The line the tracer prints once every program is attached.
-const TRACER_READY: &str = "tracer: program ids";
-const TRACER_READY_TIMEOUT: Duration = Duration::from_secs(120);
-const TRACER_FINISH_TIMEOUT: Duration = Duration::from_secs(300);
 /// How often the soak samples the tracer's RSS and CPU.
 const SOAK_SAMPLE: Duration = Duration::from_secs(10);
 
@@ -159,7 +155,7 @@ struct Bench {
 
 /// A tracer attached to the gateway, writing into `dir`.
 struct Traced {
-    proc: Proc,
+    tracer: TracerProc,
     dir: PathBuf,
 }
 
@@ -230,58 +226,20 @@ impl Bench {
         if name != "accuracy" {
             flags.push("--no-calibrate".to_owned());
         }
-        let log_dir = dir.clone();
-        let proc = Proc::spawn(
-            "tracer",
-            Some(&self.load_cpus),
-            &self.tracer.tracer,
-            &flags,
-            &log_dir,
-            false,
-        )?;
-        let log = dir.join("tracer.log");
-        let deadline = Instant::now() + TRACER_READY_TIMEOUT;
-        loop {
-            if fs::read_to_string(&log).is_ok_and(|t| t.contains(TRACER_READY)) {
-                return Ok(Traced { proc, dir });
-            }
-            if exited(proc.pid()) {
-                bail!("the tracer exited before attaching{}", proc.log_tail());
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the tracer did not attach within {TRACER_READY_TIMEOUT:?}{}",
-                proc.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let tracer = start_tracer(&self.tracer.tracer, Some(&self.load_cpus), &flags, &dir)?;
+        Ok(Traced { tracer, dir })
     }
 }
 
 impl Traced {
     /// SIGINT, wait for its files, and return its breakdown.json.
     fn stop(mut self) -> anyhow::Result<(Value, PathBuf)> {
-        // SAFETY: signalling our own child, not reaped yet.
-        unsafe { libc::kill(self.proc.pid() as libc::pid_t, libc::SIGINT) };
-        let status = self.proc.wait_timeout(TRACER_FINISH_TIMEOUT)?;
-        ensure!(
-            status.success(),
-            "the tracer failed ({status}){}",
-            self.proc.log_tail()
-        );
+        self.tracer.stop()?;
         let path = self.dir.join("breakdown.json");
         let text =
             fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         Ok((serde_json::from_str(&text)?, self.dir))
     }
-}
-
-/// Whether `pid` has exited (gone, or a zombie).
-fn exited(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        stat.rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-    })
 }
 
 fn strings(items: &[&str]) -> Vec<String> {
@@ -407,7 +365,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     eprintln!("xtask: [2/6] accuracy, {duration} s traced at {rate:.0} req/s");
     let raw = work.path().join("raw.events");
     let traced = bench.attach("accuracy", &["--raw-events", &path_arg(&raw)])?;
-    pinning.push(json!({"process": "tracer", "asked": args.load_cpus, "applied": traced.proc.cpus_allowed()?}));
+    pinning.push(json!({"process": "tracer", "asked": args.load_cpus, "applied": traced.tracer.proc.cpus_allowed()?}));
     let client_csv = work.path().join("accuracy-client.csv");
     let accuracy_load =
         bench.open_loop(rate, duration, &["--requests-out", &path_arg(&client_csv)]);
@@ -534,7 +492,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // The forced-loss run stops the tracer's reader for a while: the kernel keeps
         // writing into the small ring until it is full, then counts every failed reserve.
         let stall = (!extra.is_empty()).then(|| {
-            let (pid, after) = (traced.proc.pid(), Duration::from_secs_f64(loss_s / 3.0));
+            let (pid, after) = (
+                traced.tracer.proc.pid(),
+                Duration::from_secs_f64(loss_s / 3.0),
+            );
             let stall = Duration::from_secs_f64(args.forced_stall);
             std::thread::spawn(move || {
                 std::thread::sleep(after);
@@ -590,7 +551,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let samples = Arc::new(Mutex::new(Vec::new()));
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = {
-        let (samples, sampling, pid) = (samples.clone(), sampling.clone(), traced.proc.pid());
+        let (samples, sampling, pid) =
+            (samples.clone(), sampling.clone(), traced.tracer.proc.pid());
         std::thread::spawn(move || {
             let t0 = Instant::now();
             let mut next = Duration::ZERO;
@@ -609,8 +571,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         })
     };
     let soak_load = bench.open_loop(rate, soak, &[]);
-    let peak_rss_kib = procstat::status_kib(traced.proc.pid(), "VmHWM");
-    let cpu_at_end = procstat::cpu_seconds(traced.proc.pid());
+    let peak_rss_kib = procstat::status_kib(traced.tracer.proc.pid(), "VmHWM");
+    let cpu_at_end = procstat::cpu_seconds(traced.tracer.proc.pid());
     sampling.store(false, Ordering::SeqCst);
     let _ = sampler.join();
     let (soak_breakdown, _) = traced.stop()?;
