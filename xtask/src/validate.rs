@@ -210,6 +210,21 @@ impl Bench {
             .context("loadgen --find-max reported no max_rate")
     }
 
+    /// `tracer-validate accuracy`: the tracer's session in `dir` joined with loadgen's
+    /// per-request log `client_csv`.
+    fn accuracy(&self, client_csv: &Path, dir: &Path) -> anyhow::Result<Value> {
+        analysis(
+            &self.tracer.validate,
+            &strings(&[
+                "accuracy",
+                "--client",
+                &path_arg(client_csv),
+                "--tracer",
+                &path_arg(dir),
+            ]),
+        )
+    }
+
     /// Starts `tracer record` on the load CPUs and waits until its programs are attached.
     fn attach(&mut self, name: &str, extra: &[&str]) -> anyhow::Result<Traced> {
         let dir = self.work.join(name);
@@ -371,16 +386,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bench.open_loop(rate, duration, &["--requests-out", &path_arg(&client_csv)]);
     let (accuracy_breakdown, accuracy_dir) = traced.stop()?;
     let accuracy_load = accuracy_load?;
-    let accuracy = analysis(
-        &bench.tracer.validate,
-        &strings(&[
-            "accuracy",
-            "--client",
-            &path_arg(&client_csv),
-            "--tracer",
-            &path_arg(&accuracy_dir),
-        ]),
-    )?;
+    let accuracy = bench.accuracy(&client_csv, &accuracy_dir)?;
     let crosscheck_json = work.path().join("crosscheck.json");
     let crosscheck = analysis_file(
         &bench.tracer.crosscheck,
@@ -517,16 +523,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         let (breakdown, dir) = traced.stop()?;
         let load = load?;
-        let accuracy = analysis(
-            &bench.tracer.validate,
-            &strings(&[
-                "accuracy",
-                "--client",
-                &path_arg(&client_csv),
-                "--tracer",
-                &path_arg(&dir),
-            ]),
-        )?;
+        let accuracy = bench.accuracy(&client_csv, &dir)?;
         let crossing = complete_requests_crossing_loss(&dir, &breakdown)?;
         loss_runs.push(json!({
             "name": name,
