@@ -5,25 +5,8 @@ use tracer::requests::Outcome;
 use tracer::requests::synthetic::{Stream, assert_consistent};
 use tracer_ebpf::sites::Phase;
 
-/// xorshift64*: small, deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-}
+mod xorshift;
+use xorshift::Rng;
 
 const WRITER: u32 = 900;
 

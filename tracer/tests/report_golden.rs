@@ -8,20 +8,8 @@ use tracer::report::{SessionEnd, SessionMeta, SessionWriter};
 use tracer::requests::{Hits, Incomplete, Outcome, PARTS, Part, RequestRecord};
 use tracer_ebpf::sites::Phase;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo)
-    }
-}
+mod xorshift;
+use xorshift::Rng;
 
 /// 2000 requests: upstream ~1 ms, a few µs of CPU per phase, a receipt wait of fsync and
 /// signing, and a heavy tail from fsync and scheduling in about 2% of requests.
