@@ -155,6 +155,112 @@ fn overload_warning(loadgen: &Value, target_rate: f64) -> Option<String> {
     })
 }
 
+/// `{"site": 410.0, ...}` as `site 410 ns, ...`.
+fn ns_by_kind(map: &Value) -> String {
+    map.as_object()
+        .map(|costs| {
+            costs
+                .iter()
+                .map(|(kind, ns)| format!("{kind} {} ns", num(ns)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
+}
+
+/// "Tracer cost and loss": what the tracer lost and what it cost, all from breakdown.json
+/// (`lost_events`, `incomplete`, `calibration`, `hits_per_request`, `cost`). Loss comes first
+/// and is flagged when non-zero.
+fn cost_and_loss(breakdown: &Value) -> String {
+    let mut md = String::new();
+    let w = &mut md;
+    let _ = writeln!(w, "\n## Tracer cost and loss (breakdown.json)\n");
+    let lost = breakdown["lost_events"].as_u64().unwrap_or(0);
+    let incomplete = breakdown["incomplete"].as_u64().unwrap_or(0);
+    if lost > 0 || incomplete > 0 {
+        let _ = writeln!(
+            w,
+            "- **WARNING: {lost} lost events, {incomplete} incomplete requests** (reasons: {}). \
+             Incomplete requests are counted, never attributed: every figure above covers the {} \
+             complete requests only.",
+            breakdown["incomplete_reasons"], breakdown["requests"]
+        );
+    } else {
+        let _ = writeln!(w, "- Loss: 0 lost events, 0 incomplete requests.");
+    }
+    let hits = &breakdown["hits_per_request"];
+    let hits_text = ["sites", "syscalls", "sock", "sched", "samples"]
+        .iter()
+        .map(|kind| format!("{kind} {:.2}", hits[*kind].as_f64().unwrap_or(f64::NAN)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let _ = writeln!(w, "- Hits per complete request: {hits_text}.");
+    let calibration = &breakdown["calibration"];
+    if calibration.is_object() {
+        let per_hit = ns_by_kind(&calibration["ns_per_hit"]);
+        let noisy = calibration["noisy"]
+            .as_array()
+            .filter(|kinds| !kinds.is_empty())
+            .map(|kinds| format!(" (noisy: {})", Value::Array(kinds.clone())))
+            .unwrap_or_default();
+        let _ = writeln!(
+            w,
+            "- Probe cost, calibrated on CPU {} before attaching: {per_hit} per hit{noisy}; \
+             × the hits above = **{} ns of probe time per request** (by kind: {}).",
+            calibration["cpu"],
+            num(&calibration["probe_ns_per_request"]),
+            ns_by_kind(&calibration["probe_ns_per_request_by_kind"])
+        );
+    } else {
+        let _ = writeln!(
+            w,
+            "- Probe cost: not calibrated in this session (no `calibration` section)."
+        );
+    }
+    let cost = &breakdown["cost"];
+    let bpf = &cost["bpf"];
+    match (
+        bpf["total_run_time_ns"].as_f64(),
+        breakdown["requests"].as_f64(),
+    ) {
+        (Some(run_ns), Some(requests)) if requests > 0.0 => {
+            let _ = writeln!(
+                w,
+                "- BPF run time: {} ns per complete request ({:.1} ms over {} program runs, {:.1}% \
+                 of one CPU over the session).",
+                num(&Value::from(run_ns / requests)),
+                run_ns / 1e6,
+                bpf["total_run_count"],
+                bpf["cpu_share"].as_f64().unwrap_or(f64::NAN) * 100.0,
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                w,
+                "- BPF run time: not measured (bpf_stats: {}).",
+                cost["bpf_stats"].as_str().unwrap_or("no `cost` section")
+            );
+        }
+    }
+    let tracer = &cost["tracer"];
+    let own = &breakdown["tracer"];
+    let _ = writeln!(
+        w,
+        "- The tracer process: {} s CPU during the session ({} s user + {} s system in all), \
+         peak RSS {:.1} MiB.",
+        num(&tracer["cpu_session_s"]),
+        num(tracer.get("cpu_user_s").unwrap_or(&own["cpu_user_s"])),
+        num(tracer.get("cpu_system_s").unwrap_or(&own["cpu_system_s"])),
+        tracer["peak_rss_kib"].as_f64().unwrap_or(f64::NAN) / 1024.0
+    );
+    let _ = writeln!(
+        w,
+        "- Probe effect on the gateway's latency and CPU (traced vs untraced windows): \
+         `cargo xtask validate`, recorded in profiles/validation-*/."
+    );
+    md
+}
+
 fn render(
     facts: &SessionFacts,
     breakdown: &Value,
@@ -247,6 +353,8 @@ fn render(
             );
         }
     }
+
+    w.push_str(&cost_and_loss(breakdown));
 
     let tail = &breakdown["tail"];
     let tail_rows = view_parts(tail);
@@ -367,7 +475,7 @@ fn render(
     );
     let _ = writeln!(
         w,
-        "- Probe effect and loss: {} lost events, {} incomplete requests (never attributed). The traced/untraced A/B is `cargo xtask validate`'s job.",
+        "- Probe effect and loss: {} lost events, {} incomplete requests (never attributed); the tracer's cost is under *Tracer cost and loss*. The traced/untraced A/B is `cargo xtask validate`'s job.",
         breakdown["lost_events"], breakdown["incomplete"]
     );
     md
@@ -388,6 +496,62 @@ mod tests {
         });
         let warning = overload_warning(&behind, 3898.0).unwrap();
         assert!(warning.contains("4864 requests unsent"), "{warning}");
+    }
+
+    fn breakdown(lost: u64, incomplete: u64) -> Value {
+        serde_json::json!({
+            "requests": 1000, "incomplete": incomplete, "lost_events": lost,
+            "incomplete_reasons": if incomplete > 0 { serde_json::json!({"lost_events": incomplete}) } else { serde_json::json!({}) },
+            "hits_per_request": {"sites": 76.5, "syscalls": 6.9, "sock": 2.0, "sched": 17.2, "samples": 0.06},
+            "tracer": {"cpu_user_s": 2.8, "cpu_system_s": 3.7},
+            "calibration": {
+                "cpu": 1, "noisy": ["sock"],
+                "ns_per_hit": {"sched": 157.5, "site": 410.0, "sock": 605.9, "syscall": 350.8},
+                "probe_ns_per_request": 37733.1,
+                "probe_ns_per_request_by_kind": {"sites": 31392.8}
+            },
+            "cost": {
+                "bpf_stats": "enabled",
+                "bpf": {"cpu_share": 0.224, "total_run_count": 9301492, "total_run_time_ns": 4950391u64},
+                "tracer": {"cpu_session_s": 5.978, "cpu_user_s": 2.826, "cpu_system_s": 3.766, "peak_rss_kib": 167492}
+            }
+        })
+    }
+
+    #[test]
+    fn cost_and_loss_quotes_calibration_bpf_time_and_the_tracer_process() {
+        let text = cost_and_loss(&breakdown(0, 0));
+        assert!(text.contains("## Tracer cost and loss"), "{text}");
+        assert!(text.contains("0 lost events, 0 incomplete"), "{text}");
+        assert!(!text.contains("WARNING"), "{text}");
+        assert!(text.contains("site 410 ns"), "{text}");
+        assert!(text.contains("(noisy: [\"sock\"])"), "{text}");
+        assert!(
+            text.contains("**37733 ns of probe time per request**"),
+            "{text}"
+        );
+        assert!(text.contains("by kind: sites 31393 ns"), "{text}");
+        assert!(text.contains("sites 76.50, syscalls 6.90"), "{text}");
+        assert!(text.contains("samples 0.06"), "{text}");
+        // 4.95 ms of BPF run time over 1000 complete requests.
+        assert!(text.contains("4950 ns per complete request"), "{text}");
+        assert!(text.contains("22.4% of one CPU"), "{text}");
+        assert!(text.contains("6.0 s CPU during the session"), "{text}");
+        assert!(text.contains("peak RSS 163.6 MiB"), "{text}");
+        assert!(text.contains("profiles/validation-*/"), "{text}");
+    }
+
+    #[test]
+    fn cost_and_loss_flags_loss_and_a_missing_calibration() {
+        let mut lossy = breakdown(12, 3);
+        lossy.as_object_mut().unwrap().remove("calibration");
+        let text = cost_and_loss(&lossy);
+        assert!(
+            text.contains("**WARNING: 12 lost events, 3 incomplete requests**"),
+            "{text}"
+        );
+        assert!(text.contains("{\"lost_events\":3}"), "{text}");
+        assert!(text.contains("not calibrated in this session"), "{text}");
     }
 
     #[test]
