@@ -48,7 +48,11 @@ fn record(i: u64) -> RequestRecord {
         (
             Part::Cpu(Phase::Auth),
             30_000 + i * 1000,
-            if i.is_multiple_of(2) { WORKER } else { OTHER_WORKER },
+            if i.is_multiple_of(2) {
+                WORKER
+            } else {
+                OTHER_WORKER
+            },
         ),
         (Part::LedgerFsync, 50_000, WRITER),
         (Part::Cpu(Phase::Respond), 10_000, WORKER),

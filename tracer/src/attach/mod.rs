@@ -132,7 +132,11 @@ impl Session {
                 detail: format!("cpu-clock {} Hz on {cpus} CPUs", options.sample_hz),
             });
         }
-        Ok(Session { ebpf, modes, detected })
+        Ok(Session {
+            ebpf,
+            modes,
+            detected,
+        })
     }
 
     /// Kernel ids of the loaded programs, so a test can check none outlives the session.

@@ -455,7 +455,9 @@ impl Rebuilder {
                     return;
                 }
                 let batch = self.writer.take_batch(tid);
-                let Some(r) = self.open.get_mut(&a0) else { return };
+                let Some(r) = self.open.get_mut(&a0) else {
+                    return;
+                };
                 r.hits.sites += batch.sites;
                 r.hits.syscalls += batch.syscalls;
                 r.hits.sched += batch.sched;

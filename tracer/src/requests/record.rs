@@ -48,7 +48,10 @@ impl Part {
     ];
 
     pub fn index(self) -> usize {
-        Part::ALL.iter().position(|p| *p == self).expect("every part is listed in ALL")
+        Part::ALL
+            .iter()
+            .position(|p| *p == self)
+            .expect("every part is listed in ALL")
     }
 
     /// Stable name used in tables, JSON keys and CSV headers.
@@ -156,6 +159,10 @@ pub struct Incomplete {
 
 /// What the rebuild emits as each request ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "nearly every outcome is Complete; boxing would add an allocation per request"
+)]
 pub enum Outcome {
     Complete(RequestRecord),
     Incomplete(Incomplete),
