@@ -3,7 +3,7 @@
 //!
 //! Every program filters to the target (`CONFIG.tgid`), or to the target's sockets and threads
 //! where it runs outside the target's context, and writes [`tracer_ebpf::abi::Event`]s to the
-//! one ring buffer `EVENTS`. The semantics of each event are in `notes/events.md` and `abi.rs`.
+//! one ring buffer `EVENTS`. The semantics of each event are in `docs/events.md` and `abi.rs`.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 
 #[cfg(target_arch = "bpf")]

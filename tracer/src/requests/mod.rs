@@ -1,6 +1,6 @@
 //! Rebuild requests from the kernel's event stream and split each one into parts.
 //!
-//! [`Rebuilder`] is the whole model (`/work/notes/model.md`); the modules under it each keep
+//! [`Rebuilder`] is the whole model (`docs/model.md`); the modules under it each keep
 //! one kind of history: [`sockets`] (sk ↔ fd, data arrival), [`threads`] (run state),
 //! [`writer`] (fsync and signing intervals), [`timeline`] (slices → parts).
 

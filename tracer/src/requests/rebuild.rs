@@ -1,4 +1,4 @@
-//! The rebuild: events in, one [`Outcome`] per request out (see `/work/notes/model.md`).
+//! The rebuild: events in, one [`Outcome`] per request out (see `docs/model.md`).
 //!
 //! Choices where the model leaves room, each covered by a test:
 //! - `read_enter` is the enter of the last successful receive on the client fd whose *exit* is
@@ -24,7 +24,8 @@
 //!   wakeup, `Scheduling` from the wakeup to the switch-in (the same split as the slices).
 //!   Charges inside the upstream span are dropped with the slices it overrides.
 //! - Hits: sites with the request's id, plus the writer sites, syscalls and sched events of
-//!   the batch that made its receipt durable; syscalls, socket and sched events on a thread
+//!   the batch that made its receipt durable if it is that batch's first durable request;
+//!   syscalls, socket and sched events on a thread
 //!   while it polls the request, or on its client or upstream fd while it is open; the
 //!   arrival's data-ready and the receive that read it; samples inside its polls.
 //! - One upstream phase per request; a second one makes the request incomplete.
