@@ -39,8 +39,10 @@ const TRACER_FILES: [&str; 12] = [
     "trace.json",
     "pictures.json",
 ];
-/// Keep-alive connections of the open loop (one per in-flight request).
-const CONNECTIONS: u64 = 32;
+/// Keep-alive connections of the open loop (one per in-flight request). Little's law sets the
+/// floor: 25% of a 5 ms-upstream max (~6500 req/s) keeps ~50 requests in flight, and a run
+/// that runs out of connections queues in loadgen instead of measuring the gateway.
+const CONNECTIONS: u64 = 128;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -126,6 +128,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // `cargo build -p tracer` below needs the eBPF toolchain; a fresh machine gets it here.
     crate::setup::ensure()?;
     let started = Instant::now();
+    // Before anything is built or started: the commit measured, and the load average the
+    // session started from.
+    let machine = Machine::collect();
     let out = args.out.clone().unwrap_or_else(|| {
         procs::workspace_root().join("profiles").join(format!(
             "{}-{}pct-{}ms",
@@ -298,7 +303,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_rate_source,
         target_rate,
         pinning,
-        machine: Machine::collect(),
+        machine,
     };
     let readme = readme::write(&out, &facts)?;
     compress_requests_csv(&out)?;

@@ -148,9 +148,11 @@ fn overload_warning(loadgen: &Value, target_rate: f64) -> Option<String> {
     behind.then(|| {
         format!(
             "**WARNING: the open loop fell behind** ({unsent} requests unsent, send lag p99 \
-             {lag_p99:.0} µs, {achieved:.0} of {target_rate:.0} req/s achieved): the gateway did \
-             not sustain the target rate, so these figures describe a saturated gateway. Rerun on \
-             a quiet machine (see the load average below) or at a lower --load."
+             {lag_p99:.0} µs, {achieved:.0} of {target_rate:.0} req/s achieved): requests waited in \
+             loadgen for a free connection or for its CPU. Latencies still count from the \
+             scheduled send, but the traced gateway was at or near saturation at this rate, not \
+             at the load fraction asked for; see the load average below, and compare a lower \
+             --load."
         )
     })
 }
