@@ -1,6 +1,7 @@
 //! Developer tasks: `cargo xtask <command>`.
 
 mod bench;
+mod flags;
 mod machine;
 mod procs;
 mod profile;

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 
+use crate::flags;
 use crate::machine::{Machine, utc_now};
 use crate::procs::{
     self, Binaries, TracerProc, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
@@ -53,7 +54,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     delay_ms: u64,
     /// Traced open-loop seconds.
-    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
+    #[arg(long, default_value_t = 30.0, value_parser = flags::seconds)]
     duration: f64,
     /// The gateway's tokio worker threads (all on the gateway's CPUs).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
@@ -71,10 +72,10 @@ pub struct Args {
     #[arg(long, value_parser = rate)]
     max_rate: Option<f64>,
     /// Seconds per `--find-max` step (each step also warms up for half that, at most 1 s).
-    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
+    #[arg(long, default_value_t = 2.0, value_parser = flags::seconds)]
     find_max_step: f64,
     /// Untraced open-loop warm-up at the target rate before the tracer attaches, in s.
-    #[arg(long, default_value_t = 3.0, value_parser = seconds)]
+    #[arg(long, default_value_t = 3.0, value_parser = flags::seconds)]
     warmup: f64,
     /// The tracer's cpu-clock sampling rate.
     #[arg(long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=10_000))]
@@ -85,13 +86,6 @@ fn load_fraction(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(load) if load > 0.0 && load <= 1.5 => Ok(load),
         _ => Err(format!("--load must be a fraction in (0, 1.5], got {text}")),
-    }
-}
-
-fn seconds(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Ok(s),
-        _ => Err(format!("expected seconds in (0, 3600], got {text}")),
     }
 }
 
@@ -452,7 +446,11 @@ mod tests {
         for bad in ["0", "-0.1", "2", "x", "NaN"] {
             assert!(load_fraction(bad).is_err(), "{bad}");
         }
-        assert!(seconds("0").is_err() && seconds("inf").is_err() && seconds("30").is_ok());
+        assert!(
+            flags::seconds("0").is_err()
+                && flags::seconds("inf").is_err()
+                && flags::seconds("30").is_ok()
+        );
         assert!(rate("0").is_err() && rate("1200.5").is_ok());
     }
 }

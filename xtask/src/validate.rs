@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use serde_json::{Value, json};
 
+use crate::flags;
 use crate::machine::{Machine, utc_now};
 use crate::procs::{
     self, Binaries, Gateway, MockUpstream, TracerProc, init_demo_db, run_loadgen, start_gateway,
@@ -43,25 +44,25 @@ pub struct Args {
     #[arg(long, default_value_t = 0.25, value_parser = fraction)]
     load: f64,
     /// Seconds of the traced accuracy run.
-    #[arg(long, default_value_t = 20.0, value_parser = seconds)]
+    #[arg(long, default_value_t = 20.0, value_parser = flags::seconds)]
     duration: f64,
     /// A/B windows per arm (at least 5).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(5..=50))]
     windows: u64,
     /// Seconds of each A/B window.
-    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
+    #[arg(long, default_value_t = 10.0, value_parser = flags::seconds)]
     window: f64,
     /// Seconds of each loss run (100% and 150% of max, and the forced-loss run).
-    #[arg(long, default_value_t = 5.0, value_parser = seconds)]
+    #[arg(long, default_value_t = 5.0, value_parser = flags::seconds)]
     loss_duration: f64,
     /// Ring buffer of the forced-loss run, MiB (the tracer's smallest).
     #[arg(long, default_value_t = 1)]
     forced_ring_mib: u32,
     /// How long the forced-loss run stops the tracer (SIGSTOP) so its small ring overflows, s.
-    #[arg(long, default_value_t = 1.0, value_parser = seconds)]
+    #[arg(long, default_value_t = 1.0, value_parser = flags::seconds)]
     forced_stall: f64,
     /// Seconds of the soak at `load` × max (the issue asks for 5 minutes).
-    #[arg(long, default_value_t = 300.0, value_parser = seconds)]
+    #[arg(long, default_value_t = 300.0, value_parser = flags::seconds)]
     soak: f64,
     /// Shorten everything (accuracy 5 s, windows 3 s, loss 3 s, soak 30 s) to try it out.
     #[arg(long)]
@@ -90,13 +91,6 @@ fn fraction(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
         _ => Err(format!("expected a fraction in (0, 1], got {text}")),
-    }
-}
-
-fn seconds(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Ok(s),
-        _ => Err(format!("expected seconds in (0, 3600], got {text}")),
     }
 }
 
@@ -729,7 +723,7 @@ mod tests {
         for bad in ["0", "1.5", "x", "-1"] {
             assert!(fraction(bad).is_err(), "{bad}");
         }
-        assert!(seconds("0").is_err() && seconds("300").is_ok());
+        assert!(flags::seconds("0").is_err() && flags::seconds("300").is_ok());
         assert_eq!(
             (first_cpu("0"), first_cpu("2-3"), first_cpu("1,3")),
             (0, 2, 1)
