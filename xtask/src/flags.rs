@@ -1,6 +1,20 @@
 //! Value parsers shared by the commands' flags, so every command rejects the same bad input
 //! with the same words.
 
+/// Where the gateway and its load run: the same flags for every command that starts them.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Placement {
+    /// CPUs for the gateway (a `taskset -c` list).
+    #[arg(long, default_value = "0")]
+    pub gateway_cpus: String,
+    /// CPUs for loadgen, mock-upstream and the tracer.
+    #[arg(long, default_value = "1")]
+    pub load_cpus: String,
+    /// The gateway's tokio worker threads (all on the gateway's CPUs).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub workers: u64,
+}
+
 /// Seconds in (0, 3600].
 pub fn seconds(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {

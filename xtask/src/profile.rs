@@ -56,18 +56,11 @@ pub struct Args {
     /// Traced open-loop seconds.
     #[arg(long, default_value_t = 30.0, value_parser = flags::seconds)]
     duration: f64,
-    /// The gateway's tokio worker threads (all on the gateway's CPUs).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
-    workers: u64,
+    #[command(flatten)]
+    placement: flags::Placement,
     /// Session directory (default profiles/<date>-<load>pct-<delay>ms).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// CPUs for the gateway (a `taskset -c` list).
-    #[arg(long, default_value = "0")]
-    gateway_cpus: String,
-    /// CPUs for loadgen, mock-upstream and the tracer.
-    #[arg(long, default_value = "1")]
-    load_cpus: String,
     /// Skip the search and use this max rate (req/s), e.g. to repeat a session.
     #[arg(long, value_parser = rate)]
     max_rate: Option<f64>,
@@ -141,23 +134,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let bins = Binaries::build()?;
     let tracer_bin = build_tracer()?;
-    let load_cpus = Some(args.load_cpus.as_str());
+    let load_cpus = Some(args.placement.load_cpus.as_str());
 
     let mock = start_mock_upstream(&bins, load_cpus, args.delay_ms, logs)?;
     let db = work.path().join("ledger.db");
     let key = init_demo_db(&bins, &db, &mock.url)?;
     let gateway = start_gateway(
         &bins,
-        Some(&args.gateway_cpus),
+        Some(&args.placement.gateway_cpus),
         &db,
-        args.workers as usize,
+        args.placement.workers as usize,
         logs,
     )?;
     eprintln!(
         "xtask: gateway pid {} at {} (CPUs {})",
         gateway.proc.pid(),
         gateway.url,
-        args.gateway_cpus
+        args.placement.gateway_cpus
     );
     let loadgen = |extra: &[String], timeout: Duration| -> anyhow::Result<()> {
         let mut all = vec![
@@ -230,23 +223,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let pinning = vec![
         (
             "gateway".to_owned(),
-            args.gateway_cpus.clone(),
+            args.placement.gateway_cpus.clone(),
             gateway.proc.cpus_allowed()?,
         ),
         (
             "mock-upstream".to_owned(),
-            args.load_cpus.clone(),
+            args.placement.load_cpus.clone(),
             mock.proc.cpus_allowed()?,
         ),
         (
             "tracer".to_owned(),
-            args.load_cpus.clone(),
+            args.placement.load_cpus.clone(),
             tracer.proc.cpus_allowed()?,
         ),
         (
             "loadgen".to_owned(),
-            args.load_cpus.clone(),
-            format!("{} (taskset)", args.load_cpus),
+            args.placement.load_cpus.clone(),
+            format!("{} (taskset)", args.placement.load_cpus),
         ),
     ];
 
@@ -290,7 +283,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         delay_ms: args.delay_ms,
         duration_s: args.duration,
         warmup_s: args.warmup,
-        workers: args.workers,
+        workers: args.placement.workers,
         sample_hz: args.sample_hz,
         connections: CONNECTIONS,
         max_rate,
@@ -321,7 +314,7 @@ fn path_arg(path: &Path) -> String {
 fn command_line(args: &Args) -> String {
     let mut line = format!(
         "cargo xtask profile --load {} --delay-ms {} --duration {} --workers {}",
-        args.load, args.delay_ms, args.duration, args.workers
+        args.load, args.delay_ms, args.duration, args.placement.workers
     );
     if args.find_max_step != 2.0 {
         line += &format!(" --find-max-step {}", args.find_max_step);
@@ -389,7 +382,7 @@ fn start_tracer(
         "--offcpu-stacks",
     ]);
     eprintln!("xtask: attaching the tracer to pid {pid}");
-    procs::start_tracer(bin, Some(&args.load_cpus), &flags, logs)
+    procs::start_tracer(bin, Some(&args.placement.load_cpus), &flags, logs)
 }
 
 /// Echoes new lines of `path` (the tracer's live progress) to stderr until the flag drops.

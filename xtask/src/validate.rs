@@ -70,15 +70,8 @@ pub struct Args {
     /// Output directory (default profiles/validation-<date>).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// CPUs for the gateway (a `taskset -c` list).
-    #[arg(long, default_value = "0")]
-    gateway_cpus: String,
-    /// CPUs for loadgen, mock-upstream and the tracer.
-    #[arg(long, default_value = "1")]
-    load_cpus: String,
-    /// The gateway's tokio worker threads.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
-    workers: u64,
+    #[command(flatten)]
+    placement: flags::Placement,
     /// Skip the untraced max search and use this rate (req/s).
     #[arg(long)]
     max_rate: Option<f64>,
@@ -324,26 +317,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let machine = Machine::collect();
     let bins = Binaries::build()?;
     let tracer = build_tracer_bins()?;
-    let load_cpus = Some(args.load_cpus.as_str());
+    let load_cpus = Some(args.placement.load_cpus.as_str());
     let mock = start_mock_upstream(&bins, load_cpus, 0, work.path())?;
     let db = work.path().join("ledger.db");
     let key = init_demo_db(&bins, &db, &mock.url)?;
     let gateway = start_gateway(
         &bins,
-        Some(&args.gateway_cpus),
+        Some(&args.placement.gateway_cpus),
         &db,
-        args.workers as usize,
+        args.placement.workers as usize,
         work.path(),
     )?;
     let gateway_pid = gateway.proc.pid();
     let mut pinning = vec![
-        json!({"process": "gateway", "asked": args.gateway_cpus, "applied": gateway.proc.cpus_allowed()?}),
-        json!({"process": "mock-upstream", "asked": args.load_cpus, "applied": mock.proc.cpus_allowed()?}),
-        json!({"process": "loadgen", "asked": args.load_cpus, "applied": format!("{} (taskset)", args.load_cpus)}),
+        json!({"process": "gateway", "asked": args.placement.gateway_cpus, "applied": gateway.proc.cpus_allowed()?}),
+        json!({"process": "mock-upstream", "asked": args.placement.load_cpus, "applied": mock.proc.cpus_allowed()?}),
+        json!({"process": "loadgen", "asked": args.placement.load_cpus, "applied": format!("{} (taskset)", args.placement.load_cpus)}),
     ];
     eprintln!(
         "xtask: gateway pid {gateway_pid} at {} (CPUs {})",
-        gateway.url, args.gateway_cpus
+        gateway.url, args.placement.gateway_cpus
     );
     let mut bench = Bench {
         bins,
@@ -352,10 +345,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _mock: mock,
         key,
         work: work.path().to_owned(),
-        load_cpus: args.load_cpus.clone(),
+        load_cpus: args.placement.load_cpus.clone(),
         runs: 0,
     };
-    let gateway_cpu = first_cpu(&args.gateway_cpus);
+    let gateway_cpu = first_cpu(&args.placement.gateway_cpus);
 
     // 1. Max throughput, untraced.
     let (max_untraced, max_source) = match args.max_rate {
@@ -374,7 +367,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     eprintln!("xtask: [2/6] accuracy, {duration} s traced at {rate:.0} req/s");
     let raw = work.path().join("raw.events");
     let traced = bench.attach("accuracy", &["--raw-events", &path_arg(&raw)])?;
-    pinning.push(json!({"process": "tracer", "asked": args.load_cpus, "applied": traced.tracer.proc.cpus_allowed()?}));
+    pinning.push(json!({"process": "tracer", "asked": args.placement.load_cpus, "applied": traced.tracer.proc.cpus_allowed()?}));
     let client_csv = work.path().join("accuracy-client.csv");
     let accuracy_load =
         bench.open_loop(rate, duration, &["--requests-out", &path_arg(&client_csv)]);
@@ -590,7 +583,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "settings": {
             "load": args.load, "quick": args.quick, "connections": CONNECTIONS,
             "accuracy_s": duration, "window_s": window, "windows_per_arm": args.windows,
-            "loss_s": loss_s, "soak_s": soak, "workers": args.workers,
+            "loss_s": loss_s, "soak_s": soak, "workers": args.placement.workers,
             "forced_ring_mib": args.forced_ring_mib, "forced_stall_s": args.forced_stall,
         },
         "max_rate": {"untraced": max_untraced, "untraced_source": max_source, "traced": max_traced,
