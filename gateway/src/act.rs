@@ -1,7 +1,7 @@
 //! `POST /v1/act`: the request path, phase by phase.
 //!
 //! Order: auth → parse → scope → ratelimit → registry → vault → upstream → receipt → respond.
-//! Each phase runs under a [`PhaseGuard`]. 401 and body errors (400/413) answer at once; from
+//! Each phase starts with [`probe::phase`] and lasts until the next. 401 and body errors (400/413) answer at once; from
 //! scope on, every outcome (allowed, denied, upstream failure) gets a receipt, and the answer
 //! is sent only after that receipt is durable.
 
@@ -23,7 +23,7 @@ use crate::canonical;
 use crate::config::{ApiKey, Config, PathError, Service};
 use crate::error::ApiError;
 use crate::ledger::{Durable, PendingReceipt};
-use crate::probe::{Phase, PhaseGuard};
+use crate::probe::{self, Phase};
 use crate::upstream::UpstreamError;
 
 /// Largest accepted request body.
@@ -73,7 +73,7 @@ enum Outcome {
 
 pub async fn act(app: &App, req: Request<Incoming>, req_id: u64) -> Answer {
     let (config, key) = {
-        let _phase = PhaseGuard::begin(req_id, Phase::Auth);
+        probe::phase(req_id, Phase::Auth);
         match authenticate(app, req.headers()) {
             Ok(found) => found,
             Err(e) => return respond_error(req_id, e),
@@ -81,7 +81,7 @@ pub async fn act(app: &App, req: Request<Incoming>, req_id: u64) -> Answer {
     };
 
     let (body, canonical_params, params_digest) = {
-        let _phase = PhaseGuard::begin(req_id, Phase::Parse);
+        probe::phase(req_id, Phase::Parse);
         match parse(req).await {
             Ok(parsed) => parsed,
             Err(e) => return respond_error(req_id, e),
@@ -115,11 +115,11 @@ pub async fn act(app: &App, req: Request<Incoming>, req_id: u64) -> Answer {
         error_code,
     };
     let durable = {
-        let _phase = PhaseGuard::begin(req_id, Phase::ReceiptWait);
+        probe::phase(req_id, Phase::ReceiptWait);
         app.ledger.append(req_id, receipt).await
     };
 
-    let _phase = PhaseGuard::begin(req_id, Phase::Respond);
+    probe::phase(req_id, Phase::Respond);
     let Ok(durable) = durable else {
         let e = ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -141,7 +141,7 @@ pub async fn act(app: &App, req: Request<Incoming>, req_id: u64) -> Answer {
 }
 
 fn respond_error(req_id: u64, e: ApiError) -> Answer {
-    let _phase = PhaseGuard::begin(req_id, Phase::Respond);
+    probe::phase(req_id, Phase::Respond);
     e.into()
 }
 
@@ -235,7 +235,7 @@ async fn decide(
         latency_us: -1,
     };
     {
-        let _phase = PhaseGuard::begin(req_id, Phase::Scope);
+        probe::phase(req_id, Phase::Scope);
         if !key.services.allows(&body.service) || !key.users.allows(&body.on_behalf_of) {
             return deny(
                 StatusCode::FORBIDDEN,
@@ -246,7 +246,7 @@ async fn decide(
     }
     let service = config.services.get(body.service.as_str());
     {
-        let _phase = PhaseGuard::begin(req_id, Phase::RateLimit);
+        probe::phase(req_id, Phase::RateLimit);
         if let Some((rate, burst)) = service.and_then(|s| s.rate) {
             let bucket = (key.rowid, service.map_or(0, |s| s.rowid));
             if !app.limiter.allow(bucket, rate, burst, Instant::now()) {
@@ -259,7 +259,7 @@ async fn decide(
         }
     }
     let (service, path) = {
-        let _phase = PhaseGuard::begin(req_id, Phase::Registry);
+        probe::phase(req_id, Phase::Registry);
         let Some(service) = service else {
             return deny(StatusCode::NOT_FOUND, "not_found", "unknown service".into());
         };
@@ -269,7 +269,7 @@ async fn decide(
         }
     };
     let credential = {
-        let _phase = PhaseGuard::begin(req_id, Phase::Vault);
+        probe::phase(req_id, Phase::Vault);
         match service.tokens.get(body.on_behalf_of.as_str()) {
             None => {
                 return deny(

@@ -11,16 +11,13 @@
 //!
 //! | site | args | where it fires |
 //! |---|---|---|
-//! | `gw_probe_request_begin` | req_id, client fd | handler future created |
-//! | `gw_probe_request_end` | req_id, status | handler produced its response |
-//! | `gw_probe_phase_begin` | req_id, phase, aux | a phase starts (aux = upstream fd for `upstream`) |
-//! | `gw_probe_phase_end` | req_id, phase | a phase ends |
-//! | `gw_probe_poll_enter` | req_id | before each poll of the request future |
-//! | `gw_probe_poll_exit` | req_id, ready | after each poll |
+//! | `gw_probe_request_begin` | req_id, client fd | handler future created; its first poll follows at once |
+//! | `gw_probe_request_end` | req_id, status | handler produced its response, inside its last poll |
+//! | `gw_probe_phase` | req_id, phase | the request enters a phase (phases do not nest) |
+//! | `gw_probe_poll_enter` | req_id | before each later poll of the request future |
+//! | `gw_probe_poll_exit` | req_id | after each poll that returned pending |
 //! | `gw_probe_ledger_enqueue` | req_id | receipt handed to the writer |
-//! | `gw_probe_batch_begin` | batch_id, count | writer thread: a batch starts |
-//! | `gw_probe_sign_begin` / `_end` | batch_id, seq | writer thread: one record's signature |
-//! | `gw_probe_commit_begin` / `_end` | batch_id | writer thread: insert + commit (fdatasync) |
+//! | `gw_probe_sign_begin` / `_end` | batch_id, count | writer thread: a batch is sealed (hashed and signed) |
 //! | `gw_probe_receipt_durable` | req_id, seq | writer completed this request's waiter |
 
 use std::future::Future;
@@ -41,52 +38,36 @@ macro_rules! probe_site {
 
 probe_site!(gw_probe_request_begin);
 probe_site!(gw_probe_request_end);
-probe_site!(gw_probe_phase_begin);
-probe_site!(gw_probe_phase_end);
+probe_site!(gw_probe_phase);
 probe_site!(gw_probe_poll_enter);
 probe_site!(gw_probe_poll_exit);
 probe_site!(gw_probe_ledger_enqueue);
-probe_site!(gw_probe_batch_begin);
 probe_site!(gw_probe_sign_begin);
 probe_site!(gw_probe_sign_end);
-probe_site!(gw_probe_commit_begin);
-probe_site!(gw_probe_commit_end);
 probe_site!(gw_probe_receipt_durable);
 
-/// Marks one phase of one request: `phase_begin` now, `phase_end` when dropped, so every exit
-/// path (early returns and `?` included) closes the phase.
-pub struct PhaseGuard {
-    req_id: u64,
-    phase: Phase,
+/// The request enters `phase`; it lasts until the next one begins.
+pub fn phase(req_id: u64, phase: Phase) {
+    gw_probe_phase(req_id, phase as u64, 0);
 }
 
-impl PhaseGuard {
-    pub fn begin(req_id: u64, phase: Phase) -> Self {
-        Self::begin_with(req_id, phase, 0)
-    }
-
-    pub fn begin_with(req_id: u64, phase: Phase, aux: u64) -> Self {
-        gw_probe_phase_begin(req_id, phase as u64, aux);
-        PhaseGuard { req_id, phase }
-    }
-}
-
-impl Drop for PhaseGuard {
-    fn drop(&mut self) {
-        gw_probe_phase_end(self.req_id, self.phase as u64, 0);
-    }
-}
-
-/// Wraps a request's future so every poll is bracketed by `poll_enter` / `poll_exit`: this is
-/// how the tracer knows which thread ran which request, and when.
+/// Wraps a request's future so the tracer knows which thread ran which request, and when.
+/// The first poll begins at `request_begin` (called just before it) and the last one ends at
+/// `request_end` (the handler's last act), so only the polls between them are bracketed here:
+/// every site hit is a trap when traced.
 pub struct Traced<F> {
     req_id: u64,
+    polled: bool,
     inner: F,
 }
 
 impl<F> Traced<F> {
     pub fn new(req_id: u64, inner: F) -> Self {
-        Traced { req_id, inner }
+        Traced {
+            req_id,
+            polled: false,
+            inner,
+        }
     }
 }
 
@@ -96,10 +77,15 @@ impl<F: Future> Future for Traced<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         // SAFETY: `inner` is structurally pinned; it is never moved out of `self`.
         let this = unsafe { self.get_unchecked_mut() };
-        gw_probe_poll_enter(this.req_id, 0, 0);
+        if this.polled {
+            gw_probe_poll_enter(this.req_id, 0, 0);
+        }
+        this.polled = true;
         // SAFETY: see above.
         let out = unsafe { Pin::new_unchecked(&mut this.inner) }.poll(cx);
-        gw_probe_poll_exit(this.req_id, u64::from(out.is_ready()), 0);
+        if out.is_pending() {
+            gw_probe_poll_exit(this.req_id, 0, 0);
+        }
         out
     }
 }

@@ -3,14 +3,13 @@
 //! A request checks a connection out, then drives both halves itself: the connection future
 //! (which does the socket I/O) and the response/body futures, polled together inside the
 //! request's own task. Nothing is spawned, so every upstream read and write happens during the
-//! request's polls and the tracer can attribute it; the connection's fd is the `aux` of the
-//! `upstream` phase. After the body is read the connection goes back to the pool; on any error
+//! request's polls and the tracer can attribute it: the first socket write of a request's
+//! polls that is not to its client is its upstream send. After the body is read the connection goes back to the pool; on any error
 //! it is dropped.
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -25,7 +24,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::config::UpstreamUrl;
-use crate::probe::{Phase, PhaseGuard};
+use crate::probe::{self, Phase};
 
 /// Largest upstream response body accepted.
 const MAX_RESPONSE: usize = 8 << 20;
@@ -37,7 +36,6 @@ type Conn = Connection<TokioIo<TcpStream>, Full<Bytes>>;
 struct Pooled {
     sender: SendRequest<Full<Bytes>>,
     conn: Conn,
-    fd: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -92,8 +90,8 @@ impl Pool {
         &self.host
     }
 
-    /// Sends `request` and reads the whole response, within `timeout`. Opens the `upstream`
-    /// phase once the connection (and so its fd) is chosen.
+    /// Sends `request` and reads the whole response, within `timeout`. Enters the `upstream`
+    /// phase once a connection is chosen.
     pub async fn call(
         &self,
         req_id: u64,
@@ -101,11 +99,7 @@ impl Pool {
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), UpstreamError> {
         let checkout = self.checkout().await?;
-        let fd = match &checkout {
-            Checkout::Reused(pooled) => pooled.fd,
-            Checkout::Fresh(socket) => socket.as_raw_fd() as u64,
-        };
-        let _phase = PhaseGuard::begin_with(req_id, Phase::Upstream, fd);
+        probe::phase(req_id, Phase::Upstream);
         match tokio::time::timeout(timeout, self.exchange(checkout, request)).await {
             Ok(result) => result,
             Err(_elapsed) => Err(UpstreamError::Timeout),
@@ -138,7 +132,6 @@ impl Pool {
         let mut pooled = match checkout {
             Checkout::Reused(pooled) => pooled,
             Checkout::Fresh(socket) => {
-                let fd = socket.as_raw_fd() as u64;
                 let stream = socket
                     .connect(self.addr)
                     .await
@@ -147,7 +140,7 @@ impl Pool {
                 let (sender, conn) = http1::handshake(TokioIo::new(stream))
                     .await
                     .map_err(|_| UpstreamError::Protocol)?;
-                Box::new(Pooled { sender, conn, fd })
+                Box::new(Pooled { sender, conn })
             }
         };
         let mut conn_done = false;

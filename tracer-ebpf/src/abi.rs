@@ -104,6 +104,26 @@ pub struct Loss {
 // SAFETY: repr(C), two u64s.
 unsafe impl aya::Pod for Loss {}
 
+/// Per-CPU counters of what the kernel programs could not do, so that nothing is dropped
+/// silently (and of forced reader wakeups).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drops {
+    /// A new thread of the target could not be added to TIDS (map full).
+    pub tids_full: u64,
+    /// A syscall's enter could not be stored in IN_FLIGHT (map full): its exit emits nothing.
+    pub in_flight_full: u64,
+    /// `bpf_get_stackid` failed (hash bucket taken by another stack, or map full): the event
+    /// went out with stack id -1.
+    pub stack_failed: u64,
+    /// Submits that woke the reader because the ring was fuller than `Config::wakeup_bytes`.
+    pub forced_wakeups: u64,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), four u64s.
+unsafe impl aya::Pod for Drops {}
+
 /// Filter configuration, written by user space into the `CONFIG` array before attaching.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -112,10 +132,13 @@ pub struct Config {
     pub tgid: u32,
     /// 1 to take a stack id at every switch-out of a target thread.
     pub offcpu_stacks: u32,
+    /// Events are submitted without waking the reader, which drains on a timer; once the ring
+    /// holds more than this many bytes, a submit wakes it so that a burst is not lost.
+    pub wakeup_bytes: u64,
 }
 
 #[cfg(feature = "user")]
-// SAFETY: repr(C), two u32s.
+// SAFETY: repr(C), u32 + u32 + u64, no padding.
 unsafe impl aya::Pod for Config {}
 
 #[cfg(test)]

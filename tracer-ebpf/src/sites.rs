@@ -10,52 +10,45 @@
 pub const NOP5: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
 
 /// Every probe site, in id order. `Site as u16` is the event's `sub`.
+///
+/// A poll's begin and end are folded into the sites that already mark them: the first poll of
+/// a request starts at `RequestBegin` and the last one ends at `RequestEnd`, so `PollEnter` /
+/// `PollExit` mark only the polls in between (each hit is a trap, ~1 µs in place).
 #[repr(u16)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Site {
-    /// (req_id, client socket fd): the request's handler future is created.
+    /// (req_id, client socket fd): the request's handler future is created, on the thread that
+    /// goes on to poll it for the first time: the first poll starts here.
     RequestBegin = 0,
-    /// (req_id, HTTP status): the handler produced its response.
+    /// (req_id, HTTP status): the handler produced its response; its last poll ends here.
     RequestEnd = 1,
-    /// (req_id, phase id, aux): a phase starts. For `Phase::Upstream`, aux is the upstream
-    /// connection's socket fd; otherwise 0.
-    PhaseBegin = 2,
-    /// (req_id, phase id): a phase ends.
-    PhaseEnd = 3,
-    /// (req_id): the request's future is about to be polled, on the calling thread.
-    PollEnter = 4,
-    /// (req_id, ready: 1 if the poll completed the future): the poll returned.
-    PollExit = 5,
+    /// (req_id, phase id): the request enters a phase. Phases do not nest: one lasts until
+    /// the next begins. Attached only with `--phases`.
+    Phase = 2,
+    /// (req_id): a later poll of the request's future starts, on the calling thread.
+    PollEnter = 3,
+    /// (req_id): a poll returned pending.
+    PollExit = 4,
     /// (req_id): the receipt was handed to the ledger writer.
-    LedgerEnqueue = 6,
-    /// (batch_id, record count): on the writer thread, a batch starts.
-    BatchBegin = 7,
-    /// (batch_id, seq): on the writer thread, signing of one record starts.
-    SignBegin = 8,
-    /// (batch_id, seq): signing of one record ends.
-    SignEnd = 9,
-    /// (batch_id): the batch's transaction commit (insert + fdatasync) starts.
-    CommitBegin = 10,
-    /// (batch_id): the commit returned; every record of the batch is durable.
-    CommitEnd = 11,
-    /// (req_id, seq): the writer completed this request's waiter.
-    ReceiptDurable = 12,
+    LedgerEnqueue = 5,
+    /// (batch_id, record count): on the writer thread, sealing (hash + sign) of a batch starts.
+    SignBegin = 6,
+    /// (batch_id): the batch is sealed; the insert and commit follow.
+    SignEnd = 7,
+    /// (req_id, seq): the writer completed this request's waiter; its receipt is durable.
+    ReceiptDurable = 8,
 }
 
 impl Site {
-    pub const ALL: [Site; 13] = [
+    pub const ALL: [Site; 9] = [
         Site::RequestBegin,
         Site::RequestEnd,
-        Site::PhaseBegin,
-        Site::PhaseEnd,
+        Site::Phase,
         Site::PollEnter,
         Site::PollExit,
         Site::LedgerEnqueue,
-        Site::BatchBegin,
         Site::SignBegin,
         Site::SignEnd,
-        Site::CommitBegin,
-        Site::CommitEnd,
         Site::ReceiptDurable,
     ];
 
@@ -64,18 +57,19 @@ impl Site {
         match self {
             Site::RequestBegin => "gw_probe_request_begin",
             Site::RequestEnd => "gw_probe_request_end",
-            Site::PhaseBegin => "gw_probe_phase_begin",
-            Site::PhaseEnd => "gw_probe_phase_end",
+            Site::Phase => "gw_probe_phase",
             Site::PollEnter => "gw_probe_poll_enter",
             Site::PollExit => "gw_probe_poll_exit",
             Site::LedgerEnqueue => "gw_probe_ledger_enqueue",
-            Site::BatchBegin => "gw_probe_batch_begin",
             Site::SignBegin => "gw_probe_sign_begin",
             Site::SignEnd => "gw_probe_sign_end",
-            Site::CommitBegin => "gw_probe_commit_begin",
-            Site::CommitEnd => "gw_probe_commit_end",
             Site::ReceiptDurable => "gw_probe_receipt_durable",
         }
+    }
+
+    /// Whether the split needs this site. The others (per-phase on-CPU time) are options.
+    pub const fn needed(self) -> bool {
+        !matches!(self, Site::Phase)
     }
 
     pub fn from_id(id: u16) -> Option<Site> {

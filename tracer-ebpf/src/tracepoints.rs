@@ -78,7 +78,7 @@ pub const SOCK_LAYOUTS: [Layout; 4] = [
     },
 ];
 
-pub const SCHED_LAYOUTS: [Layout; 4] = [
+pub const SCHED_LAYOUTS: [Layout; 5] = [
     Layout {
         category: "sched",
         name: "sched_switch",
@@ -98,6 +98,11 @@ pub const SCHED_LAYOUTS: [Layout; 4] = [
         category: "sched",
         name: "sched_process_fork",
         fields: &[FORK_CHILD_PID],
+    },
+    Layout {
+        category: "sched",
+        name: "sched_process_exit",
+        fields: &[],
     },
 ];
 

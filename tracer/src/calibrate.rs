@@ -497,9 +497,11 @@ impl Probes {
             .load(attach::OBJECT)
             .context("loading the eBPF object for calibration")?;
         let pid = NonZeroU32::new(std::process::id()).context("pid 0")?;
+        // Submits wake no reader, as in a session: the loops drain the ring themselves.
         let config = Config {
             tgid: pid.get(),
             offcpu_stacks: 0,
+            wakeup_bytes: u64::from(RING_BYTES) / 4,
         };
         let map = ebpf.map_mut("CONFIG").context("map CONFIG missing")?;
         Array::<_, Config>::try_from(map)?.set(0, config, 0)?;

@@ -180,10 +180,12 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         sample_hz: args.sample_hz,
         ring_bytes: args.ring_mib << 20,
         offcpu_stacks: args.offcpu_stacks,
+        phases: args.phases,
     };
     // Before attaching, so the target's probes do not run during the calibration loops.
     let calibration = crate::calibrate::before_attach(args.no_calibrate)?;
     let mut session = Session::attach(&target, &options)?;
+    eprintln!("tracer: mode {}", options.mode());
     for mode in &session.modes {
         eprintln!("tracer: attach {mode}");
     }
@@ -192,8 +194,9 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         session.take_loss()?,
         DEFAULT_WINDOW_NS,
     );
-    // Taken now so that it outlives detach: the pictures resolve stack ids at the very end.
+    // Taken now so that they outlive detach: the pictures resolve stack ids at the very end.
     let stacks = session.take_stacks()?;
+    let drops = session.take_drops()?;
     let mut meta = SessionMeta {
         pid: args.pid,
         ..SessionMeta::default()
@@ -202,6 +205,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         meta.attach_modes
             .insert(mode.group.to_owned(), mode.mode.to_owned());
     }
+    meta.attach_modes.insert("mode".to_owned(), options.mode());
     meta.attach_modes
         .insert("fentry".to_owned(), session.detected.fentry.to_string());
     meta.attach_modes
@@ -281,6 +285,22 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     eprintln!("tracer: events {}", sink.tally.summary());
     let (user_s, system_s) = own_cpu_seconds();
     eprintln!("tracer: own cpu {user_s:.2}s user + {system_s:.2}s system");
+    let kernel_drops = crate::events::drops::read(&drops)?;
+    let unclaimed = sink.rebuilder.established_unclaimed();
+    if kernel_drops.tids_full + kernel_drops.in_flight_full + kernel_drops.stack_failed > 0
+        || unclaimed > 0
+    {
+        eprintln!(
+            "tracer: WARNING kernel maps full: {} thread adds, {} syscall enters; {} stacks not              taken; {} connections on the listening port(s) never served (another netns?)",
+            kernel_drops.tids_full,
+            kernel_drops.in_flight_full,
+            kernel_drops.stack_failed,
+            unclaimed,
+        );
+    }
+    let mut drops_json = crate::events::drops::to_json(&kernel_drops);
+    drops_json["established_unclaimed"] = unclaimed.into();
+    sink.writer.add_section("drops", drops_json);
     sink.writer.add_section(
         "tracer",
         serde_json::json!({

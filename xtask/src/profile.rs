@@ -97,7 +97,6 @@ pub struct SessionFacts {
     pub duration_s: f64,
     pub warmup_s: f64,
     pub workers: u64,
-    pub sample_hz: u64,
     pub connections: u64,
     pub max_rate: f64,
     pub max_rate_source: String,
@@ -284,7 +283,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         duration_s: args.duration,
         warmup_s: args.warmup,
         workers: args.placement.workers,
-        sample_hz: args.sample_hz,
         connections: CONNECTIONS,
         max_rate,
         max_rate_source,
@@ -379,7 +377,10 @@ fn start_tracer(
         &path_arg(out),
         "--sample-hz",
         &args.sample_hz.to_string(),
+        // A session is for reading the tail: per-phase parts and stacks, at their cost (the
+        // README's mode line); `run-tracer` defaults to the lean set.
         "--offcpu-stacks",
+        "--phases",
     ]);
     eprintln!("xtask: attaching the tracer to pid {pid}");
     procs::start_tracer(bin, Some(&args.placement.load_cpus), &flags, logs)

@@ -576,6 +576,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "cost": soak_breakdown.get("cost").cloned(),
     });
 
+    // The tracer shares the load CPU with loadgen and the upstream: its CPU is probe effect too.
+    let accuracy_cost = &accuracy_breakdown["cost"];
+    let tracer_cpu_cores = accuracy_cost["tracer"]["cpu_session_s"].as_f64().unwrap_or(f64::NAN)
+        / accuracy_cost["session_s"].as_f64().unwrap_or(f64::NAN);
     let validation = json!({
         "command": command_line(&args),
         "machine": machine,
@@ -604,6 +608,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "accuracy_run": accuracy_breakdown.get("cost").cloned(),
             "max_traced_run": max_traced_breakdown.get("cost").cloned(),
             "hits_per_request": accuracy_breakdown["hits_per_request"],
+            "tracer_cpu_cores": tracer_cpu_cores,
+            "mode": accuracy_breakdown["attach_modes"]["mode"],
+            "drops": accuracy_breakdown.get("drops").cloned(),
         },
         "loss": loss_runs,
         "soak": soak_json,

@@ -2,11 +2,11 @@
 //!
 //! Per batch, on the writer thread, in this order (probe sites in brackets):
 //! 1. block for the first receipt, then take more until `batch_max` or `batch_wait` passes
-//!    (with `batch_wait = 0`, only what is already queued) [`batch_begin(batch, count)`];
-//! 2. for each record: assign `seq = head + 1`, chain `prev_hash`, hash, and sign
-//!    [`sign_begin(batch, seq)` / `sign_end(batch, seq)`];
+//!    (with `batch_wait = 0`, only what is already queued);
+//! 2. seal the batch [`sign_begin(batch, count)` … `sign_end(batch, count)`]: for each record,
+//!    assign `seq = head + 1`, chain `prev_hash`, hash, and sign;
 //! 3. insert the whole batch in one transaction and commit (WAL, `synchronous=FULL`, so the
-//!    commit fdatasyncs) [`commit_begin(batch)` … `commit_end(batch)`];
+//!    commit syncs the WAL; the tracer sees that as the fsync syscall);
 //! 4. only then complete each waiter [`receipt_durable(req_id, seq)` per record].
 //!
 //! The head (last seq and hash) lives in memory; it is read from the table once at start.
@@ -182,17 +182,14 @@ impl Writer {
             self.gather(&rx, &mut batch);
             self.batch_id += 1;
             let batch_id = self.batch_id;
-            probe::gw_probe_batch_begin(batch_id, batch.len() as u64, 0);
-
             let start = self.head;
+            probe::gw_probe_sign_begin(batch_id, batch.len() as u64, 0);
             for job in &batch {
                 let seq = self.head.seq + 1;
                 let prev_hash = self.head.hash;
                 let entry_hash =
                     fields(&job.receipt, seq, &prev_hash, &self.signer.key_id).entry_hash();
-                probe::gw_probe_sign_begin(batch_id, seq, 0);
                 let signature = self.signer.key.sign(&entry_hash).to_bytes();
-                probe::gw_probe_sign_end(batch_id, seq, 0);
                 sealed.push(Sealed {
                     seq,
                     prev_hash,
@@ -204,10 +201,9 @@ impl Writer {
                     hash: entry_hash,
                 };
             }
+            probe::gw_probe_sign_end(batch_id, batch.len() as u64, 0);
 
-            probe::gw_probe_commit_begin(batch_id, 0, 0);
             let committed = self.insert(&batch, &sealed);
-            probe::gw_probe_commit_end(batch_id, 0, 0);
 
             match committed {
                 Ok(()) => {

@@ -1,12 +1,15 @@
 //! Maps shared by every program, and the target filter and event emitter they all use.
 
+use core::mem::offset_of;
+
 use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use tracer_ebpf::{
-    abi::{Config, Event, LOSS_SLOT, Loss},
+    abi::{Config, Drops, Event, LOSS_SLOT, Loss},
     tracepoints::Field,
 };
 
@@ -22,8 +25,11 @@ pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 #[map]
 pub static LOSS: PerCpuArray<Loss> = PerCpuArray::with_max_entries(1, 0);
 
-/// Threads of the target: seeded from /proc/PID/task, extended by fork and in-context events.
-/// Needed where the program runs in another task's context (switch-in, wakeup).
+#[map]
+pub static DROPS: PerCpuArray<Drops> = PerCpuArray::with_max_entries(1, 0);
+
+/// Threads of the target: seeded from /proc/PID/task, extended by fork and in-context events,
+/// pruned at exit. Needed where the program runs in another task's context (switch-in, wakeup).
 #[map]
 pub static TIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
 
@@ -60,6 +66,14 @@ pub fn current_target_tid() -> Option<u32> {
     (tgid == config.tgid).then_some(tid)
 }
 
+/// Adds `tid` to TIDS, counting a full map.
+#[inline(always)]
+pub fn add_target_tid(tid: u32) {
+    if TIDS.insert(tid, 1, 0).is_err() {
+        count_drop(offset_of!(Drops, tids_full));
+    }
+}
+
 #[inline(always)]
 pub fn is_target_tid(tid: u32) -> bool {
     // SAFETY: the value is a plain u8 and is only read, not kept.
@@ -72,7 +86,28 @@ pub fn now() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// Writes one event, or counts it as lost when the ring is full.
+/// Adds one to a per-CPU counter. A plain add is enough: every program here (classic
+/// tracepoint, uprobe, perf_event) runs only while the CPU's `bpf_prog_active` was 0, so none
+/// interrupts another on the same CPU (a sample that would is skipped and counted by the
+/// kernel as the program's recursion miss instead).
+#[inline(always)]
+fn bump(counter: *mut u64) {
+    // SAFETY: `counter` points into a live per-CPU map value, touched only on this CPU.
+    unsafe { *counter += 1 };
+}
+
+/// Counts one thing the programs could not do: `field` is `offset_of!(Drops, <field>)`.
+#[inline(always)]
+pub fn count_drop(field: usize) {
+    if let Some(drops) = DROPS.get_ptr_mut(0) {
+        // SAFETY: `field` is the offset of a u64 field inside the live map value.
+        bump(unsafe { drops.cast::<u8>().add(field).cast::<u64>() });
+    }
+}
+
+/// Writes one event, or counts it as lost when the ring is full. The reader is not woken
+/// (it drains on a timer) unless the ring is filling up: a wakeup from a program is an
+/// irq_work self-IPI, which in a VM is an exit, paid on the target's CPU.
 #[inline(always)]
 pub fn emit(ts_ns: u64, tid: u32, kind: u16, sub: u16, args: [u64; 3]) {
     match EVENTS.reserve::<Event>(0) {
@@ -84,14 +119,20 @@ pub fn emit(ts_ns: u64, tid: u32, kind: u16, sub: u16, args: [u64; 3]) {
                 sub,
                 args,
             });
-            entry.submit(0);
+            let threshold = config().map_or(0, |c| c.wakeup_bytes);
+            let flags = if EVENTS.query(u64::from(BPF_RB_AVAIL_DATA)) > threshold {
+                count_drop(offset_of!(Drops, forced_wakeups));
+                BPF_RB_FORCE_WAKEUP
+            } else {
+                BPF_RB_NO_WAKEUP
+            };
+            entry.submit(u64::from(flags));
         }
         None => {
             if let Some(loss) = LOSS.get_ptr_mut(LOSS_SLOT) {
-                // SAFETY: a per-CPU slot, only touched by programs on this CPU, which do not
-                // preempt each other.
+                // SAFETY: a live per-CPU slot, touched only on this CPU (see `bump`).
                 unsafe {
-                    (*loss).count += 1;
+                    bump(&raw mut (*loss).count);
                     (*loss).last_ts_ns = ts_ns;
                 }
             }
@@ -114,6 +155,9 @@ pub fn field<T: Copy>(ctx: &aya_ebpf::programs::TracePointContext, field: Field)
 pub fn stack_id<C: aya_ebpf::programs::tracing::StackIdContext>(ctx: &C, flags: u64) -> u64 {
     match ctx.get_stackid(&STACKS, flags) {
         Ok(id) => id as u64,
-        Err(_) => -1i64 as u64,
+        Err(_) => {
+            count_drop(offset_of!(Drops, stack_failed));
+            -1i64 as u64
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! Scheduler tracepoints (classic, field offsets checked against tracefs at attach time):
-//! switch-out/in and wakeups of the target's threads, and forks that add threads to `TIDS`.
+//! switch-out/in and wakeups of the target's threads, and forks and exits that keep `TIDS`.
 
 use aya_ebpf::{bindings::BPF_F_USER_STACK, macros::tracepoint, programs::TracePointContext};
 use tracer_ebpf::{
@@ -9,7 +9,13 @@ use tracer_ebpf::{
     },
 };
 
-use super::maps::{TIDS, config, current, emit, field, is_target_tid, now, stack_id};
+use super::{
+    maps::{
+        TIDS, add_target_tid, config, current, current_target_tid, emit, field, is_target_tid,
+        now, stack_id,
+    },
+    syscalls::IN_FLIGHT,
+};
 
 /// A task switched out with none of the sleep-state bits (below TASK_REPORT_MAX) set was still
 /// runnable: preempted ("R+") or yielded ("R").
@@ -35,7 +41,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
             (-1i64 as u64, -1i64 as u64)
         };
         if !is_target_tid(prev_tid) {
-            let _ = TIDS.insert(prev_tid, 1, 0);
+            add_target_tid(prev_tid);
         }
         emit(
             ts,
@@ -82,7 +88,18 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     // Runs in the parent's context.
     if current().0 == config.tgid {
         let child = field::<i32>(&ctx, FORK_CHILD_PID) as u32;
-        let _ = TIDS.insert(child, 1, 0);
+        add_target_tid(child);
     }
+    0
+}
+
+/// A thread of the target exits: forget it, so TIDS and IN_FLIGHT hold live threads only.
+#[tracepoint]
+pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
+    let Some(tid) = current_target_tid() else {
+        return 0;
+    };
+    let _ = TIDS.remove(tid);
+    let _ = IN_FLIGHT.remove(tid);
     0
 }

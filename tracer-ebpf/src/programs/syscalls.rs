@@ -7,12 +7,14 @@ use aya_ebpf::{
     maps::HashMap,
     programs::TracePointContext,
 };
+use core::mem::offset_of;
+
 use tracer_ebpf::{
-    abi::{kind, syscall},
+    abi::{Drops, kind, syscall},
     tracepoints::{SYS_ENTER_FD, SYS_EXIT_RET},
 };
 
-use super::maps::{current_target_tid, emit, field, now};
+use super::maps::{count_drop, current_target_tid, emit, field, now};
 
 /// A syscall in progress on one thread. `id == 0`: none.
 #[repr(C)]
@@ -23,6 +25,7 @@ pub struct InFlight {
     pub id: u16,
 }
 
+/// Pruned with TIDS when a thread of the target exits.
 #[map]
 pub static IN_FLIGHT: HashMap<u32, InFlight> = HashMap::with_max_entries(4096, 0);
 
@@ -48,7 +51,9 @@ fn enter(ctx: &TracePointContext, id: u16) -> u32 {
         // SAFETY: this thread's own slot; only this thread writes it.
         Some(slot) => unsafe { *slot = call },
         None => {
-            let _ = IN_FLIGHT.insert(tid, call, 0);
+            if IN_FLIGHT.insert(tid, call, 0).is_err() {
+                count_drop(offset_of!(Drops, in_flight_full));
+            }
         }
     }
     0

@@ -20,7 +20,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::TracePoint,
 };
-use tracer_ebpf::abi::{Config, Loss};
+use tracer_ebpf::abi::{Config, Drops, Loss};
 
 use self::target::Target;
 
@@ -34,6 +34,29 @@ pub struct Options {
     /// Ring buffer size: a power of two, at least a page.
     pub ring_bytes: u32,
     pub offcpu_stacks: bool,
+    /// Attach the `phase` site too, for per-phase on-CPU parts.
+    pub phases: bool,
+}
+
+impl Options {
+    /// The ring fill (bytes) past which a submit wakes the reader: a quarter of the ring, so a
+    /// reader that sleeps between timed drains still has three quarters of headroom.
+    pub fn wakeup_bytes(&self) -> u64 {
+        u64::from(self.ring_bytes) / 4
+    }
+
+    /// The mode's name, for the startup line, breakdown.json and the session README.
+    pub fn mode(&self) -> String {
+        let mut mode = vec!["lean".to_owned()];
+        if self.phases {
+            mode.push("phases".to_owned());
+        }
+        if self.offcpu_stacks {
+            mode.push("offcpu-stacks".to_owned());
+        }
+        mode.push(format!("sample-hz={}", self.sample_hz));
+        mode.join(" + ")
+    }
 }
 
 /// How one group of hooks is attached, for the startup lines and breakdown.json.
@@ -76,6 +99,7 @@ impl Session {
         let config = Config {
             tgid: target.pid.get(),
             offcpu_stacks: u32::from(options.offcpu_stacks),
+            wakeup_bytes: options.wakeup_bytes(),
         };
         Array::<_, Config>::try_from(map(&mut ebpf, "CONFIG")?)?.set(0, config, 0)?;
         let mut ports = HashMap::<_, u16, u8>::try_from(map(&mut ebpf, "LISTEN_PORTS")?)?;
@@ -118,11 +142,12 @@ impl Session {
                 ports.join(", ")
             ),
         });
-        let n = sites::attach(&mut ebpf, target)?;
+        let n = sites::attach(&mut ebpf, target, options.phases)?;
+        let which = if options.phases { "" } else { " (no phase site: --phases)" };
         modes.push(AttachMode {
             group: "sites",
             mode: "uprobe",
-            detail: format!("{n} probe sites in {}", target.exe.display()),
+            detail: format!("{n} probe sites{which} in {}", target.exe.display()),
         });
         if options.sample_hz > 0 {
             let cpus = samples::attach(&mut ebpf, options.sample_hz)?;
@@ -154,6 +179,10 @@ impl Session {
 
     pub fn take_loss(&mut self) -> anyhow::Result<PerCpuArray<MapData, Loss>> {
         Ok(PerCpuArray::try_from(take(&mut self.ebpf, "LOSS")?)?)
+    }
+
+    pub fn take_drops(&mut self) -> anyhow::Result<PerCpuArray<MapData, Drops>> {
+        Ok(PerCpuArray::try_from(take(&mut self.ebpf, "DROPS")?)?)
     }
 
     /// The stack-trace map; stack ids of the session's events keep resolving after detach.

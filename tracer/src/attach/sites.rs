@@ -1,4 +1,5 @@
 //! Attach `programs/sites.rs`: one uprobe per probe site, by symbol, scoped to the target.
+//! Every hit is a trap, so only the sites the split needs are attached unless `--phases`.
 
 use std::num::NonZeroU32;
 
@@ -20,8 +21,16 @@ pub fn program_name(site: Site) -> String {
     )
 }
 
-pub fn attach(ebpf: &mut Ebpf, target: &Target) -> anyhow::Result<usize> {
-    for site in Site::ALL {
+/// The sites attached: those the split needs, plus `phase` when asked for.
+pub fn attached(phases: bool) -> impl Iterator<Item = Site> {
+    Site::ALL
+        .into_iter()
+        .filter(move |site| site.needed() || phases)
+}
+
+pub fn attach(ebpf: &mut Ebpf, target: &Target, phases: bool) -> anyhow::Result<usize> {
+    let mut count = 0;
+    for site in attached(phases) {
         attach_one(
             ebpf,
             &program_name(site),
@@ -30,8 +39,9 @@ pub fn attach(ebpf: &mut Ebpf, target: &Target) -> anyhow::Result<usize> {
             target.pid,
         )
         .with_context(|| format!("probe site {}", site.symbol()))?;
+        count += 1;
     }
-    Ok(Site::ALL.len())
+    Ok(count)
 }
 
 /// Loads (once) and attaches one site program to `symbol` of `binary` for process `pid`.

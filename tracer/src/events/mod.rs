@@ -3,6 +3,7 @@
 //! counters, so that the consumer sees every loss before any event newer than its start.
 
 pub mod decode;
+pub mod drops;
 pub mod loss;
 pub mod reorder;
 

@@ -10,7 +10,8 @@
 //!   with a stack explains (the writer inside fdatasync without being switched out, and
 //!   signing, which is on-CPU work of the writer) gets the synthetic frames
 //!   `ledger-writer;fdatasync` and `ledger-writer;sign`, so those towers sum to the part's ns.
-//! - a sample taken before any phase was known has the root `cpu.unknown`.
+//! - a sample with no phase (phases not traced, or before the first phase site) has the root
+//!   `cpu`, the part its time goes to.
 //! - a sample or switch-out whose stacks were not taken or are no longer in the map:
 //!   `[no stack]`.
 
@@ -27,8 +28,6 @@ use super::spill::SpilledRequest;
 pub const WRITER_FSYNC_FRAMES: &str = "ledger-writer;fdatasync";
 pub const WRITER_SIGN_FRAMES: &str = "ledger-writer;sign";
 pub const NO_STACK: &str = "[no stack]";
-/// Root of a sample taken in a poll before the request's phase was known.
-pub const UNKNOWN_PHASE: &str = "cpu.unknown";
 
 /// A stack before symbolization: the root part and the two stack ids, or a synthetic one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,7 +55,8 @@ impl StackCounts {
         for sample in &req.samples {
             let root = sample
                 .phase
-                .map_or(UNKNOWN_PHASE, |phase| Part::Cpu(phase).name());
+                .map_or(Part::OnCpu, Part::Cpu)
+                .name();
             let raw = RawStack::Ids {
                 root,
                 kernel: sample.kernel_stack,
@@ -284,7 +284,7 @@ mod tests {
         let folded = counts.fold(&stacks, &mut Symbolizer::new(ProcessMaps::default()));
         assert_eq!(
             folded.lines(),
-            ["cpu.auth;[unknown] 2", "cpu.unknown;[no stack] 1"]
+            ["cpu.auth;[unknown] 2", "cpu;[no stack] 1"]
         );
     }
 

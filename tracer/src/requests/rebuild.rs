@@ -4,14 +4,21 @@
 //! - `read_enter` is the enter of the last successful receive on the client fd whose *exit* is
 //!   at or after `t_arrive`, clamped to `t_arrive` (a receive can start just before the data
 //!   lands); none → the `RequestBegin` ts.
-//! - If the first poll runs on another thread than `RequestBegin`, `[RequestBegin, first
-//!   PollEnter)` is `Scheduling` (the task was spawned and waits to be picked up).
+//! - The first poll starts at `RequestBegin` and the last one ends at `RequestEnd` (the
+//!   gateway folds those poll bounds into them); `PollEnter` / `PollExit` bracket the polls
+//!   in between, and a `PollExit` always means the poll returned pending.
+//! - The upstream connection is not named by a site: it is the fd of the first successful
+//!   send, inside one of the request's polls, on a socket that is not a client connection
+//!   (accepted, or the fd of some request's `RequestBegin`) and was not since reconnected.
+//! - Without `Phase` sites (the lean default) on-CPU time is one part, `cpu`; with them it is
+//!   `cpu.<phase>`, the phase being the last one entered (phases do not nest).
 //! - `t_done` is the enter of the first *successful* send on the client fd after the final
 //!   `PollExit(ready=1)` (a send returning an error sent nothing).
-//! - A gap between polls is explained by the phase current at the `PollExit` that began it:
-//!   upstream → `[gap, S)` blocked_other, `[S, A)` upstream, `[A, gap end)` scheduling;
-//!   receipt wait → `[gap, E)` blocked_other, `[E, D)` the writer split, `[D, gap end)`
-//!   scheduling; any other phase → unattributed.
+//! - A gap between polls is explained by what the request had started by the `PollExit` that
+//!   began it: a ledger enqueue `E` → `[gap, E)` blocked_other, `[E, D)` the writer split,
+//!   `[D, gap end)` scheduling; else, once the upstream send `S` (or the connect of a fresh
+//!   upstream connection) has happened, `[gap, S)` blocked_other, `[S, A)` upstream,
+//!   `[A, gap end)` scheduling; any other gap → unattributed.
 //! - Inside a poll, after `E` and before `D`, time the request's thread was off CPU while the
 //!   writer signed or fsynced is `Signing` / `LedgerFsync` (the writer split painted over the
 //!   poll's `Scheduling` and `BlockedOther` pieces only, never over its on-CPU time): with the
@@ -28,9 +35,9 @@
 //!   syscalls, socket and sched events on a thread
 //!   while it polls the request, or on its client or upstream fd while it is open; the
 //!   arrival's data-ready and the receive that read it; samples inside its polls.
-//! - One upstream phase per request; a second one makes the request incomplete.
+//! - One upstream connection per request: later sends on other sockets are not upstream.
 //! - A request breaks (→ `Incomplete`, emitted at once) on the first inconsistent event:
-//!   duplicate or unmatched poll/phase events, a begin for an id still open, events for an id
+//!   duplicate or unmatched poll events, an unknown phase id, a begin for an id still open, events for an id
 //!   whose begin was never seen (once per id), a loss span over its interval, or no `t_done`
 //!   within [`MAX_OPEN_NS`]. Later events for a finished id are ignored.
 //! - Outcomes are held for [`HOLD_NS`] of event time after they are decided, so a loss
@@ -69,79 +76,57 @@ struct PollSpan {
 #[derive(Clone, Copy, Debug)]
 struct Upstream {
     fd: u64,
-    begin: u64,
-    /// S: enter of the first send on the upstream fd after the phase began.
-    send: Option<u64>,
+    /// S: enter of the first send on the upstream socket.
+    send: u64,
     /// A: the first data-ready on the upstream socket at or after S.
     reply: Option<u64>,
 }
 
-/// The request's current phase over time: innermost open phase, else the last one begun,
-/// else parse.
+/// The request's phases over time, from `Phase` sites: each lasts until the next begins.
+/// Empty when phases are not traced.
 #[derive(Default, Debug)]
 struct Phases {
-    open: Vec<Phase>,
-    last_begun: Option<Phase>,
     changes: Vec<(u64, Phase)>,
 }
 
 impl Phases {
-    fn current(&self) -> Phase {
-        self.open
-            .last()
-            .copied()
-            .or(self.last_begun)
-            .unwrap_or(Phase::Parse)
+    fn traced(&self) -> bool {
+        !self.changes.is_empty()
     }
 
-    fn at(&self, t: u64) -> Phase {
-        let i = self.changes.partition_point(|&(ts, _)| ts <= t);
-        if i == 0 {
-            Phase::Parse
-        } else {
-            self.changes[i - 1].1
-        }
-    }
-
-    fn note(&mut self, ts: u64, before: Phase) {
-        let now = self.current();
-        if now != before {
-            self.changes.push((ts, now));
-        }
+    fn current(&self) -> Option<Phase> {
+        self.changes.last().map(|&(_, p)| p)
     }
 
     fn begin(&mut self, ts: u64, phase: Phase) {
-        let before = self.current();
-        self.open.push(phase);
-        self.last_begun = Some(phase);
-        self.note(ts, before);
+        if self.current() != Some(phase) {
+            self.changes.push((ts, phase));
+        }
     }
 
-    fn end(&mut self, ts: u64, phase: Phase) -> Result<(), &'static str> {
-        let before = self.current();
-        let i = self
-            .open
-            .iter()
-            .rposition(|&p| p == phase)
-            .ok_or("phase end without begin")?;
-        self.open.remove(i);
-        self.note(ts, before);
-        Ok(())
+    /// The on-CPU part at `t`: `cpu` when phases are not traced, else `cpu.<phase>` (parse
+    /// before the first phase site).
+    fn part_at(&self, t: u64) -> Part {
+        if !self.traced() {
+            return Part::OnCpu;
+        }
+        let i = self.changes.partition_point(|&(ts, _)| ts <= t);
+        Part::Cpu(if i == 0 { Phase::Parse } else { self.changes[i - 1].1 })
     }
 }
 
-/// Which `Cpu(phase)` on-CPU time of a split goes to.
+/// Which part on-CPU time of a split goes to.
 #[derive(Clone, Copy)]
 enum OnCpu<'a> {
-    Fixed(Phase),
+    Fixed(Part),
     Phases(&'a Phases),
 }
 
 impl OnCpu<'_> {
-    fn at(self, t: u64) -> Phase {
+    fn at(self, t: u64) -> Part {
         match self {
             OnCpu::Fixed(p) => p,
-            OnCpu::Phases(p) => p.at(t),
+            OnCpu::Phases(p) => p.part_at(t),
         }
     }
 }
@@ -161,6 +146,8 @@ struct OpenRequest {
     open_poll: Option<(u64, u32)>,
     polled_to_completion: bool,
     upstream: Option<Upstream>,
+    /// Enter of the first connect inside the request's polls (a fresh upstream connection).
+    connect: Option<u64>,
     enqueue: Option<u64>,
     durable: Option<(u64, u32)>,
     samples: Vec<StackSample>,
@@ -233,6 +220,12 @@ impl Rebuilder {
         &self.kernel
     }
 
+    /// Connections that reached ESTABLISHED on a listening port and were never read by the
+    /// target (see `Sockets::never_claimed`).
+    pub fn established_unclaimed(&self) -> u64 {
+        self.sockets.never_claimed
+    }
+
     /// Requests begun and not yet decided.
     pub fn open_requests(&self) -> usize {
         self.open.len()
@@ -251,7 +244,7 @@ impl Rebuilder {
                 }
             }
             kind::DATA_READY => self.data_ready(ev),
-            kind::ESTABLISHED => self.sockets.established(ev.args[0]),
+            kind::ESTABLISHED => self.sockets.established(ev.ts_ns, ev.args[0]),
             kind::SWITCH_OUT => self.sched(
                 ev,
                 SchedEv::Out {
@@ -373,40 +366,31 @@ impl Rebuilder {
         let Some(site) = Site::from_id(ev.sub) else {
             return;
         };
-        let [a0, a1, a2] = ev.args;
+        let [a0, a1, _] = ev.args;
         let (ts, tid) = (ev.ts_ns, ev.tid);
         match site {
             Site::RequestBegin => self.request_begin(ts, tid, a0, a1),
             Site::RequestEnd => {
-                if let Some(r) = self.request(a0) {
-                    r.status = Some(u16::try_from(a1).unwrap_or(u16::MAX));
+                self.stop_polling(tid, a0);
+                let Some(r) = self.request(a0) else { return };
+                r.status = Some(u16::try_from(a1).unwrap_or(u16::MAX));
+                match r.open_poll.take() {
+                    Some((enter, t)) if t == tid => {
+                        r.polls.push(PollSpan {
+                            enter,
+                            exit: ts,
+                            tid,
+                        });
+                        r.polled_to_completion = true;
+                    }
+                    _ => self.abandon(a0, "request end outside its poll"),
                 }
             }
-            Site::PhaseBegin | Site::PhaseEnd => {
-                let begin = site == Site::PhaseBegin;
+            Site::Phase => {
                 let Some(r) = self.request(a0) else { return };
-                let result = match Phase::from_id(a1) {
-                    None => Err("unknown phase id"),
-                    Some(Phase::Upstream) if begin && r.upstream.is_some() => {
-                        Err("second upstream phase")
-                    }
-                    Some(phase) if begin => {
-                        r.phases.begin(ts, phase);
-                        if phase == Phase::Upstream {
-                            r.upstream = Some(Upstream {
-                                fd: a2,
-                                begin: ts,
-                                send: None,
-                                reply: None,
-                            });
-                            self.by_upstream_fd.insert(a2, a0);
-                        }
-                        Ok(())
-                    }
-                    Some(phase) => r.phases.end(ts, phase),
-                };
-                if let Err(reason) = result {
-                    self.abandon(a0, reason);
+                match Phase::from_id(a1) {
+                    Some(phase) => r.phases.begin(ts, phase),
+                    None => self.abandon(a0, "unknown phase id"),
                 }
             }
             Site::PollEnter => {
@@ -425,21 +409,14 @@ impl Rebuilder {
                 }
             }
             Site::PollExit => {
-                if let Some(stack) = self.polling.get_mut(&tid)
-                    && let Some(i) = stack.iter().rposition(|&id| id == a0)
-                {
-                    stack.remove(i);
-                }
+                self.stop_polling(tid, a0);
                 let Some(r) = self.request(a0) else { return };
                 match r.open_poll.take() {
-                    Some((enter, t)) if t == tid => {
-                        r.polls.push(PollSpan {
-                            enter,
-                            exit: ts,
-                            tid,
-                        });
-                        r.polled_to_completion = a1 == 1;
-                    }
+                    Some((enter, t)) if t == tid => r.polls.push(PollSpan {
+                        enter,
+                        exit: ts,
+                        tid,
+                    }),
                     _ => self.abandon(a0, "poll exit without matching enter"),
                 }
             }
@@ -463,17 +440,26 @@ impl Rebuilder {
                 r.hits.syscalls += batch.syscalls;
                 r.hits.sched += batch.sched;
             }
-            Site::BatchBegin => self.writer.batch_begin(tid),
-            Site::SignBegin | Site::SignEnd | Site::CommitBegin | Site::CommitEnd => {
-                match site {
-                    Site::SignBegin => self.writer.sign_begin(ts, tid),
-                    Site::SignEnd => self.writer.sign_end(ts, tid),
-                    _ => {}
-                }
+            Site::SignBegin => {
+                // Sealing is the first marked step of a batch: its hits start here.
+                self.writer.batch_begin(tid);
+                self.writer.sign_begin(ts, tid);
+            }
+            Site::SignEnd => {
+                self.writer.sign_end(ts, tid);
                 if let Some(b) = self.writer.batch_mut(tid) {
                     b.sites += 1;
                 }
             }
+        }
+    }
+
+    /// `tid` no longer polls `id`.
+    fn stop_polling(&mut self, tid: u32, id: u64) {
+        if let Some(stack) = self.polling.get_mut(&tid)
+            && let Some(i) = stack.iter().rposition(|&x| x == id)
+        {
+            stack.remove(i);
         }
     }
 
@@ -519,6 +505,9 @@ impl Rebuilder {
             _ => (ts, true),
         };
         self.by_client_fd.insert(fd, id);
+        self.sockets.mark_client(fd);
+        // The handler's first poll starts now, on this thread.
+        self.polling.entry(tid).or_default().push(id);
         self.open.insert(
             id,
             OpenRequest {
@@ -532,9 +521,10 @@ impl Rebuilder {
                 status: None,
                 phases: Phases::default(),
                 polls: Vec::new(),
-                open_poll: None,
+                open_poll: Some((ts, tid)),
                 polled_to_completion: false,
                 upstream: None,
+                connect: None,
                 enqueue: None,
                 durable: None,
                 samples: Vec::new(),
@@ -573,9 +563,15 @@ impl Rebuilder {
         }
         match ev.sub {
             syscall::ACCEPT if (ret as i64) >= 0 => self.sockets.accepted(ret),
+            syscall::CONNECT => {
+                self.sockets.connected(fd);
+                if let Some(r) = self.polled_by(ev.tid) {
+                    r.connect.get_or_insert(enter);
+                }
+            }
             s if syscall::is_receive(s) && ok => self.sockets.received(fd, enter, ev.ts_ns),
             s if syscall::is_send(s) && ok => {
-                self.upstream_sent(fd, enter);
+                self.upstream_sent(ev.tid, fd, enter);
                 self.client_sent(fd, enter);
                 self.sockets.sent(fd, enter);
             }
@@ -587,28 +583,34 @@ impl Rebuilder {
         }
     }
 
-    fn upstream_sent(&mut self, fd: u64, enter: u64) {
-        let Some(&id) = self.by_upstream_fd.get(&fd) else {
+    /// A send on `fd` by `tid`: the upstream send of the request `tid` is polling, if it is the
+    /// first on a socket that is not a client connection.
+    fn upstream_sent(&mut self, tid: u32, fd: u64, enter: u64) {
+        let Some(sk) = self.sockets.sk_of(fd) else {
             return;
         };
-        let sk = self.sockets.sk_of(fd);
+        if self.sockets.is_client(fd) {
+            return;
+        }
+        let Some(&id) = self.polling.get(&tid).and_then(|s| s.last()) else {
+            return;
+        };
         let Some(r) = self.open.get_mut(&id) else {
             return;
         };
-        let Some(up) = r.upstream.as_mut() else {
-            return;
-        };
-        if up.send.is_some() || enter < up.begin {
+        if r.upstream.is_some() {
             return;
         }
-        up.send = Some(enter);
-        let Some(sk) = sk else {
-            self.abandon(id, "upstream socket unknown");
-            return;
-        };
         // The reply may already be here: events are ordered by exit, the send's is late.
         match self.sockets.first_ready(sk, enter) {
-            Ok(reply) => up.reply = reply,
+            Ok(reply) => {
+                r.upstream = Some(Upstream {
+                    fd,
+                    send: enter,
+                    reply,
+                });
+                self.by_upstream_fd.insert(fd, id);
+            }
             Err(reason) => self.abandon(id, reason),
         }
     }
@@ -643,7 +645,7 @@ impl Rebuilder {
             && let Some(up) = self.open.get_mut(&id).and_then(|r| r.upstream.as_mut())
             && up.fd == fd
             && up.reply.is_none()
-            && up.send.is_some_and(|s| ev.ts_ns >= s)
+            && ev.ts_ns >= up.send
         {
             up.reply = Some(ev.ts_ns);
         }
@@ -672,7 +674,7 @@ impl Rebuilder {
         let (ts_ns, tid) = (ev.ts_ns, ev.tid);
         if let Some(r) = self.polled_by(tid) {
             r.hits.samples += 1;
-            let phase = Some(r.phases.current());
+            let phase = r.phases.current();
             r.samples.push(StackSample {
                 ts_ns,
                 tid,
@@ -728,29 +730,22 @@ impl Rebuilder {
             return Err("events out of order");
         }
 
+        // Around the polls: the read before the first, the response write after the last.
+        let (before, after) = if req.phases.traced() {
+            (Part::Cpu(Phase::Parse), Part::Cpu(Phase::Respond))
+        } else {
+            (Part::OnCpu, Part::OnCpu)
+        };
         let mut tl = Timeline::default();
         tl.push(Piece::new(t_arrive, req.read_enter, Part::Scheduling, 0));
-        let parse = OnCpu::Fixed(Phase::Parse);
-        if first.tid == req.begin_tid {
-            self.split(
-                &mut tl,
-                req.begin_tid,
-                req.read_enter,
-                first.enter,
-                req.read_enter_in_context,
-                parse,
-            )?;
-        } else {
-            self.split(
-                &mut tl,
-                req.begin_tid,
-                req.read_enter,
-                req.begin_ts,
-                req.read_enter_in_context,
-                parse,
-            )?;
-            tl.push(Piece::new(req.begin_ts, first.enter, Part::Scheduling, 0));
-        }
+        self.split(
+            &mut tl,
+            req.begin_tid,
+            req.read_enter,
+            first.enter,
+            req.read_enter_in_context,
+            OnCpu::Fixed(before),
+        )?;
         for (i, poll) in req.polls.iter().enumerate() {
             if i > 0 {
                 let prev = req.polls[i - 1];
@@ -765,24 +760,13 @@ impl Rebuilder {
                 OnCpu::Phases(&req.phases),
             )?;
         }
-        self.split(
-            &mut tl,
-            last.tid,
-            last.exit,
-            t_done,
-            true,
-            OnCpu::Fixed(Phase::Respond),
-        )?;
+        self.split(&mut tl, last.tid, last.exit, t_done, true, OnCpu::Fixed(after))?;
         if let (Some(e), Some((d, w))) = (req.enqueue, req.durable) {
             self.receipt_work_in_polls(&mut tl, req, e.max(t_arrive), d.min(t_done), w);
         }
         if let Some(up) = req.upstream {
-            let (s, a) = match (up.send, up.reply) {
-                (Some(s), Some(a)) => (s, a),
-                (None, _) => return Err("upstream send not seen"),
-                (_, None) => return Err("upstream response arrival not seen"),
-            };
-            tl.overlay(s.max(t_arrive), a.min(t_done), Part::Upstream, 0);
+            let a = up.reply.ok_or("upstream response arrival not seen")?;
+            tl.overlay(up.send.max(t_arrive), a.min(t_done), Part::Upstream, 0);
         }
         let built = tl.build(t_arrive, t_done)?;
         Ok(RequestRecord {
@@ -851,19 +835,19 @@ impl Rebuilder {
     /// On-CPU `[a, b)`, cut at the request's phase changes inside it.
     fn cpu_pieces(&self, tl: &mut Timeline, tid: u32, a: u64, b: u64, on_cpu: OnCpu<'_>) {
         let mut start = a;
-        let mut phase = on_cpu.at(a);
+        let mut part = on_cpu.at(a);
         if let OnCpu::Phases(phases) = on_cpu {
             let from = phases.changes.partition_point(|&(ts, _)| ts <= a);
             for &(ts, next) in &phases.changes[from..] {
                 if ts >= b {
                     break;
                 }
-                tl.push(Piece::new(start, ts, Part::Cpu(phase), tid));
+                tl.push(Piece::new(start, ts, part, tid));
                 start = ts;
-                phase = next;
+                part = Part::Cpu(next);
             }
         }
-        tl.push(Piece::new(start, b, Part::Cpu(phase), tid));
+        tl.push(Piece::new(start, b, part, tid));
     }
 
     /// A gap between two polls: explained by what the request was waiting on.
@@ -875,35 +859,33 @@ impl Rebuilder {
         ge: u64,
     ) -> Result<(), &'static str> {
         let clamp = |t: u64| t.clamp(gs, ge);
-        match req.phases.at(gs) {
-            Phase::Upstream => {
-                let up = req.upstream.ok_or("upstream phase without fd")?;
-                let s = up.send.ok_or("upstream send not seen")?;
-                let a = up.reply.ok_or("upstream response arrival not seen")?;
-                tl.push(Piece::new(gs, clamp(s), Part::BlockedOther, 0));
-                tl.push(Piece::new(clamp(s), clamp(a), Part::Upstream, 0));
-                tl.push(Piece::new(clamp(a), ge, Part::Scheduling, 0));
+        if let Some(e) = req.enqueue.filter(|&e| e <= gs) {
+            let (d, w) = req.durable.ok_or("receipt durable not seen")?;
+            if e > d {
+                return Err("receipt durable before enqueue");
             }
-            Phase::ReceiptWait => {
-                let e = req.enqueue.ok_or("ledger enqueue not seen")?;
-                let (d, w) = req.durable.ok_or("receipt durable not seen")?;
-                if e > d {
-                    return Err("receipt durable before enqueue");
+            tl.push(Piece::new(gs, clamp(e), Part::BlockedOther, 0));
+            for p in self.writer.split(w, clamp(e), clamp(d)) {
+                match p.part {
+                    Part::LedgerFsync => self.fsync_pieces(tl, p.tid, p.start, p.end),
+                    Part::Signing => tl.push(Piece {
+                        off: Some((p.tid, -1, -1)),
+                        ..Piece::new(p.start, p.end, p.part, p.tid)
+                    }),
+                    _ => tl.push(Piece::new(p.start, p.end, p.part, p.tid)),
                 }
-                tl.push(Piece::new(gs, clamp(e), Part::BlockedOther, 0));
-                for p in self.writer.split(w, clamp(e), clamp(d)) {
-                    match p.part {
-                        Part::LedgerFsync => self.fsync_pieces(tl, p.tid, p.start, p.end),
-                        Part::Signing => tl.push(Piece {
-                            off: Some((p.tid, -1, -1)),
-                            ..Piece::new(p.start, p.end, p.part, p.tid)
-                        }),
-                        _ => tl.push(Piece::new(p.start, p.end, p.part, p.tid)),
-                    }
-                }
-                tl.push(Piece::new(clamp(d), ge, Part::Scheduling, 0));
             }
-            _ => tl.push(Piece::new(gs, ge, Part::Unattributed, 0)),
+            tl.push(Piece::new(clamp(d), ge, Part::Scheduling, 0));
+        } else if let Some(up) = req
+            .upstream
+            .filter(|up| up.send <= gs || req.connect.is_some_and(|c| c <= gs))
+        {
+            let a = up.reply.ok_or("upstream response arrival not seen")?;
+            tl.push(Piece::new(gs, clamp(up.send), Part::BlockedOther, 0));
+            tl.push(Piece::new(clamp(up.send), clamp(a), Part::Upstream, 0));
+            tl.push(Piece::new(clamp(a), ge, Part::Scheduling, 0));
+        } else {
+            tl.push(Piece::new(gs, ge, Part::Unattributed, 0));
         }
         Ok(())
     }

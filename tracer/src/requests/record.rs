@@ -16,8 +16,10 @@ pub enum Part {
     Signing,
     /// The rest of the receipt wait: batching, SQLite insert, writer run-queue delay.
     LedgerOther,
-    /// On-CPU time of the request's own work, by phase.
+    /// On-CPU time of the request's own work, by phase (phases traced, `--phases`).
     Cpu(Phase),
+    /// On-CPU time of the request's own work, phases not traced (the lean default).
+    OnCpu,
     /// Off-CPU (blocked) for a reason none of the above explains.
     BlockedOther,
     /// An interval with no event to explain it. Reported, never folded into another part.
@@ -25,7 +27,7 @@ pub enum Part {
 }
 
 /// Number of parts; `Part::index` is dense in `0..PARTS`.
-pub const PARTS: usize = 7 + Phase::ALL.len();
+pub const PARTS: usize = 8 + Phase::ALL.len();
 
 impl Part {
     pub const ALL: [Part; PARTS] = [
@@ -34,6 +36,7 @@ impl Part {
         Part::LedgerFsync,
         Part::Signing,
         Part::LedgerOther,
+        Part::OnCpu,
         Part::Cpu(Phase::Parse),
         Part::Cpu(Phase::Auth),
         Part::Cpu(Phase::Scope),
@@ -62,6 +65,7 @@ impl Part {
             Part::LedgerFsync => "ledger_fsync",
             Part::Signing => "signing",
             Part::LedgerOther => "ledger_other",
+            Part::OnCpu => "cpu",
             Part::Cpu(Phase::Parse) => "cpu.parse",
             Part::Cpu(Phase::Auth) => "cpu.auth",
             Part::Cpu(Phase::Scope) => "cpu.scope",

@@ -37,6 +37,8 @@ impl SkState {
 #[derive(Clone, Copy, Default)]
 struct FdState {
     sk: Option<u64>,
+    /// A client connection (accepted, or named by a request begin) until reconnected.
+    client: bool,
     /// (enter, exit) of the last successful receive on this fd.
     last_recv: Option<(u64, u64)>,
 }
@@ -46,6 +48,11 @@ pub(crate) struct Sockets {
     fds: HashMap<u64, FdState>,
     sks: HashMap<u64, SkState>,
     fd_of_sk: HashMap<u64, u64>,
+    /// ESTABLISHED sks on a listening port not yet read by the target, and when.
+    unclaimed: HashMap<u64, u64>,
+    /// Of those, how many were never read before the prune horizon passed them: the kernel
+    /// matches listening ports only, so a same-port server in another netns shows up here.
+    pub(crate) never_claimed: u64,
 }
 
 impl Sockets {
@@ -57,18 +64,36 @@ impl Sockets {
             self.fd_of_sk.remove(&old);
         }
         self.fd_of_sk.insert(sk, fd);
+        self.unclaimed.remove(&sk);
     }
 
-    /// `accept` returned `fd`: a new connection, whatever the fd meant before.
+    /// `accept` returned `fd`: a new client connection, whatever the fd meant before.
     pub(crate) fn accepted(&mut self, fd: u64) {
+        if let Some(old) = self.fds.remove(&fd).and_then(|s| s.sk) {
+            self.fd_of_sk.remove(&old);
+        }
+        self.mark_client(fd);
+    }
+
+    /// `connect` on `fd`: an outgoing connection, whatever the fd meant before.
+    pub(crate) fn connected(&mut self, fd: u64) {
         if let Some(old) = self.fds.remove(&fd).and_then(|s| s.sk) {
             self.fd_of_sk.remove(&old);
         }
     }
 
+    pub(crate) fn mark_client(&mut self, fd: u64) {
+        self.fds.entry(fd).or_default().client = true;
+    }
+
+    pub(crate) fn is_client(&self, fd: u64) -> bool {
+        self.fds.get(&fd).is_some_and(|s| s.client)
+    }
+
     /// A new connection reached ESTABLISHED: a reused sk pointer starts a fresh history.
-    pub(crate) fn established(&mut self, sk: u64) {
+    pub(crate) fn established(&mut self, ts: u64, sk: u64) {
         self.sks.insert(sk, SkState::default());
+        self.unclaimed.insert(sk, ts);
     }
 
     pub(crate) fn data_ready(&mut self, ts: u64, sk: u64) {
@@ -122,6 +147,9 @@ impl Sockets {
     /// Forget data-ready history before `horizon`. A socket with nothing left that a lookup
     /// could miss is removed entirely, so closed connections do not accumulate.
     pub(crate) fn prune(&mut self, horizon: u64) {
+        let before = self.unclaimed.len();
+        self.unclaimed.retain(|_, &mut ts| ts >= horizon);
+        self.never_claimed += (before - self.unclaimed.len()) as u64;
         self.sks.retain(|_, s| {
             while s.ready.front().is_some_and(|&t| t < horizon) {
                 s.max_dropped = s.ready.pop_front();

@@ -44,47 +44,27 @@ impl Stream {
         self.site(ts, tid, Site::RequestEnd, [req, u64::from(status), 0])
     }
 
-    pub fn phase_begin(&mut self, ts: u64, tid: u32, req: u64, phase: Phase) -> &mut Self {
-        self.site(ts, tid, Site::PhaseBegin, [req, phase as u64, 0])
-    }
-
-    pub fn upstream_begin(&mut self, ts: u64, tid: u32, req: u64, upstream_fd: u64) -> &mut Self {
-        self.site(
-            ts,
-            tid,
-            Site::PhaseBegin,
-            [req, Phase::Upstream as u64, upstream_fd],
-        )
-    }
-
-    pub fn phase_end(&mut self, ts: u64, tid: u32, req: u64, phase: Phase) -> &mut Self {
-        self.site(ts, tid, Site::PhaseEnd, [req, phase as u64, 0])
+    pub fn phase(&mut self, ts: u64, tid: u32, req: u64, phase: Phase) -> &mut Self {
+        self.site(ts, tid, Site::Phase, [req, phase as u64, 0])
     }
 
     pub fn poll_enter(&mut self, ts: u64, tid: u32, req: u64) -> &mut Self {
         self.site(ts, tid, Site::PollEnter, [req, 0, 0])
     }
 
-    pub fn poll_exit(&mut self, ts: u64, tid: u32, req: u64, ready: bool) -> &mut Self {
-        self.site(ts, tid, Site::PollExit, [req, u64::from(ready), 0])
+    /// A poll returned pending (the last poll ends at `request_end` instead).
+    pub fn poll_exit(&mut self, ts: u64, tid: u32, req: u64) -> &mut Self {
+        self.site(ts, tid, Site::PollExit, [req, 0, 0])
     }
 
     pub fn ledger_enqueue(&mut self, ts: u64, tid: u32, req: u64) -> &mut Self {
         self.site(ts, tid, Site::LedgerEnqueue, [req, 0, 0])
     }
 
-    pub fn batch_begin(&mut self, ts: u64, tid: u32, batch: u64, count: u64) -> &mut Self {
-        self.site(ts, tid, Site::BatchBegin, [batch, count, 0])
-    }
-
-    pub fn sign(&mut self, begin: u64, end: u64, tid: u32, batch: u64, seq: u64) -> &mut Self {
-        self.site(begin, tid, Site::SignBegin, [batch, seq, 0])
-            .site(end, tid, Site::SignEnd, [batch, seq, 0])
-    }
-
-    pub fn commit(&mut self, begin: u64, end: u64, tid: u32, batch: u64) -> &mut Self {
-        self.site(begin, tid, Site::CommitBegin, [batch, 0, 0])
-            .site(end, tid, Site::CommitEnd, [batch, 0, 0])
+    /// The writer seals batch `batch` of `count` records in `[begin, end]`.
+    pub fn seal(&mut self, begin: u64, end: u64, tid: u32, batch: u64, count: u64) -> &mut Self {
+        self.site(begin, tid, Site::SignBegin, [batch, count, 0])
+            .site(end, tid, Site::SignEnd, [batch, count, 0])
     }
 
     pub fn receipt_durable(&mut self, ts: u64, tid: u32, req: u64, seq: u64) -> &mut Self {

@@ -132,7 +132,7 @@ pub fn check(mut events: Vec<Event>) -> CrossCheck {
         .iter()
         .filter(|e| {
             e.kind == kind::SITE
-                && [Site::BatchBegin, Site::CommitBegin, Site::CommitEnd]
+                && [Site::SignBegin, Site::SignEnd]
                     .iter()
                     .any(|s| *s as u16 == e.sub)
         })
@@ -329,7 +329,7 @@ mod tests {
         let w = 10; // writer
         let t = 20; // worker
         let events = vec![
-            ev(100, w, kind::SITE, Site::BatchBegin as u16, [1, 3, 0]),
+            ev(100, w, kind::SITE, Site::SignBegin as u16, [1, 3, 0]),
             ev(300, w, kind::SYSCALL, syscall::FDATASYNC, [120, 5, 0]), // 180 ns
             ev(400, t, kind::SYSCALL, syscall::FSYNC, [390, 6, 0]),     // 10 ns, not writer
             ev(50, t, kind::SWITCH_IN, 0, [0; 3]),                      // unknown before

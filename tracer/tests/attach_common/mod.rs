@@ -21,8 +21,7 @@ use std::{
 };
 
 use gateway::probe::{
-    gw_probe_batch_begin, gw_probe_commit_begin, gw_probe_commit_end, gw_probe_ledger_enqueue,
-    gw_probe_phase_begin, gw_probe_phase_end, gw_probe_poll_enter, gw_probe_poll_exit,
+    gw_probe_ledger_enqueue, gw_probe_phase, gw_probe_poll_enter, gw_probe_poll_exit,
     gw_probe_receipt_durable, gw_probe_request_begin, gw_probe_request_end, gw_probe_sign_begin,
     gw_probe_sign_end,
 };
@@ -93,23 +92,19 @@ pub fn fixture_main(secs: f64) {
             .unwrap();
         req_id += 1;
         gw_probe_request_begin(req_id, stream.as_raw_fd() as u64, 0);
-        gw_probe_poll_enter(req_id, 0, 0);
         let mut buf = [0u8; 4];
         let _ = stream.read_exact(&mut buf);
-        gw_probe_phase_begin(req_id, 1, 0);
-        gw_probe_phase_end(req_id, 1, 0);
+        gw_probe_phase(req_id, 1, 0);
         gw_probe_ledger_enqueue(req_id, 0, 0);
-        gw_probe_batch_begin(req_id, 1, 0);
-        gw_probe_sign_begin(req_id, req_id, 0);
-        gw_probe_sign_end(req_id, req_id, 0);
-        gw_probe_commit_begin(req_id, 0, 0);
+        gw_probe_poll_exit(req_id, 0, 0);
+        gw_probe_sign_begin(req_id, 1, 0);
+        gw_probe_sign_end(req_id, 1, 0);
         (&log).write_all(b"receipt\n").unwrap();
         log.sync_data().unwrap();
-        gw_probe_commit_end(req_id, 0, 0);
         gw_probe_receipt_durable(req_id, req_id, 0);
-        let _ = stream.write_all(&buf);
+        gw_probe_poll_enter(req_id, 0, 0);
         gw_probe_request_end(req_id, 200, 0);
-        gw_probe_poll_exit(req_id, 1, 0);
+        let _ = stream.write_all(&buf);
         std::thread::yield_now();
     }
     client.join().unwrap();

@@ -317,8 +317,14 @@ fn render(
     );
     let _ = writeln!(
         w,
-        "- upstream delay {} ms; gateway tokio workers {}; cpu-clock sampling {} Hz; off-CPU stacks on",
-        facts.delay_ms, facts.workers, facts.sample_hz
+        "- upstream delay {} ms; gateway tokio workers {}",
+        facts.delay_ms, facts.workers
+    );
+    let _ = writeln!(
+        w,
+        "- tracer mode: {} (per-phase `cpu.<phase>` parts, cpu-clock samples and off-CPU stacks \
+         cost more than the lean default of `run-tracer`; see the validation's cost figures)",
+        breakdown["attach_modes"]["mode"].as_str().unwrap_or("unknown")
     );
     let _ = writeln!(w, "\n## Machine\n");
     let _ = write!(w, "{}", facts.machine.markdown());

@@ -346,12 +346,16 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
         writeln!(
             md,
             "\nPrograms' kernel time: {} of one CPU. Tracer process: {} s user + {} s system \
-             (session {} s), peak RSS {} KiB.\n",
+             (session {} s), peak RSS {} KiB; **{} of a core** from attach to the end \
+             (`tracer_cpu_cores`, target ≤ 0.10). Mode: {}. Kernel-side drops: {}.\n",
             num(&cost["bpf"]["cpu_share"], 4),
             num(&cost["tracer"]["cpu_user_s"], 2),
             num(&cost["tracer"]["cpu_system_s"], 2),
             num(&cost["session_s"], 1),
-            int(&cost["tracer"]["peak_rss_kib"])
+            int(&cost["tracer"]["peak_rss_kib"]),
+            num(&v["cost"]["tracer_cpu_cores"], 3),
+            v["cost"]["mode"].as_str().unwrap_or("unknown"),
+            v["cost"]["drops"],
         )?;
     } else {
         writeln!(
