@@ -143,7 +143,11 @@ impl Session {
             ),
         });
         let n = sites::attach(&mut ebpf, target, options.phases)?;
-        let which = if options.phases { "" } else { " (no phase site: --phases)" };
+        let which = if options.phases {
+            ""
+        } else {
+            " (no phase site: --phases)"
+        };
         modes.push(AttachMode {
             group: "sites",
             mode: "uprobe",

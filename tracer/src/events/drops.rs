@@ -41,7 +41,12 @@ mod tests {
         };
         let sum = fold([one, one]);
         assert_eq!(
-            (sum.tids_full, sum.in_flight_full, sum.stack_failed, sum.forced_wakeups),
+            (
+                sum.tids_full,
+                sum.in_flight_full,
+                sum.stack_failed,
+                sum.forced_wakeups
+            ),
             (2, 4, 6, 8)
         );
     }

@@ -53,10 +53,7 @@ impl StackCounts {
     /// Adds every on-CPU sample of `req`, one count each.
     pub fn add_samples(&mut self, req: &SpilledRequest) {
         for sample in &req.samples {
-            let root = sample
-                .phase
-                .map_or(Part::OnCpu, Part::Cpu)
-                .name();
+            let root = sample.phase.map_or(Part::OnCpu, Part::Cpu).name();
             let raw = RawStack::Ids {
                 root,
                 kernel: sample.kernel_stack,
@@ -282,10 +279,7 @@ mod tests {
         let mut counts = StackCounts::default();
         counts.add_samples(&request());
         let folded = counts.fold(&stacks, &mut Symbolizer::new(ProcessMaps::default()));
-        assert_eq!(
-            folded.lines(),
-            ["cpu.auth;[unknown] 2", "cpu;[no stack] 1"]
-        );
+        assert_eq!(folded.lines(), ["cpu.auth;[unknown] 2", "cpu;[no stack] 1"]);
     }
 
     #[test]

@@ -111,7 +111,11 @@ impl Phases {
             return Part::OnCpu;
         }
         let i = self.changes.partition_point(|&(ts, _)| ts <= t);
-        Part::Cpu(if i == 0 { Phase::Parse } else { self.changes[i - 1].1 })
+        Part::Cpu(if i == 0 {
+            Phase::Parse
+        } else {
+            self.changes[i - 1].1
+        })
     }
 }
 
@@ -394,7 +398,6 @@ impl Rebuilder {
                 }
             }
             Site::PollEnter => {
-                self.polling.entry(tid).or_default().push(a0);
                 let Some(r) = self.request(a0) else { return };
                 let result = if r.open_poll.is_some() {
                     Err("poll enter inside a poll")
@@ -404,8 +407,9 @@ impl Rebuilder {
                     r.open_poll = Some((ts, tid));
                     Ok(())
                 };
-                if let Err(reason) = result {
-                    self.abandon(a0, reason);
+                match result {
+                    Ok(()) => self.polling.entry(tid).or_default().push(a0),
+                    Err(reason) => self.abandon(a0, reason),
                 }
             }
             Site::PollExit => {
@@ -760,7 +764,14 @@ impl Rebuilder {
                 OnCpu::Phases(&req.phases),
             )?;
         }
-        self.split(&mut tl, last.tid, last.exit, t_done, true, OnCpu::Fixed(after))?;
+        self.split(
+            &mut tl,
+            last.tid,
+            last.exit,
+            t_done,
+            true,
+            OnCpu::Fixed(after),
+        )?;
         if let (Some(e), Some((d, w))) = (req.enqueue, req.durable) {
             self.receipt_work_in_polls(&mut tl, req, e.max(t_arrive), d.min(t_done), w);
         }
@@ -776,7 +787,15 @@ impl Rebuilder {
             t_done_ns: t_done,
             parts: built.parts,
             slices: built.slices,
-            samples: req.samples.clone(),
+            // A sample taken before the first phase site had no phase yet: that time is parse.
+            samples: req
+                .samples
+                .iter()
+                .map(|&sample| StackSample {
+                    phase: sample.phase.or(req.phases.traced().then_some(Phase::Parse)),
+                    ..sample
+                })
+                .collect(),
             offcpu: built.offcpu,
             hits: req.hits,
         })

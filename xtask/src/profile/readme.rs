@@ -324,7 +324,9 @@ fn render(
         w,
         "- tracer mode: {} (per-phase `cpu.<phase>` parts, cpu-clock samples and off-CPU stacks \
          cost more than the lean default of `run-tracer`; see the validation's cost figures)",
-        breakdown["attach_modes"]["mode"].as_str().unwrap_or("unknown")
+        breakdown["attach_modes"]["mode"]
+            .as_str()
+            .unwrap_or("unknown")
     );
     let _ = writeln!(w, "\n## Machine\n");
     let _ = write!(w, "{}", facts.machine.markdown());

@@ -548,9 +548,11 @@ fn reading(md: &mut String, v: &Value) -> std::fmt::Result {
     for r in v["loss"].as_array().into_iter().flatten() {
         writeln!(
             md,
-            "- Loss, {}: {} events lost, {} requests incomplete, {} complete requests across a \
-             loss span.",
+            "- Loss, {}: asked {} req/s, achieved {} req/s; {} events lost, {} requests \
+             incomplete, {} complete requests across a loss span.",
             r["name"].as_str().unwrap_or("?"),
+            int(&r["rate"]),
+            int(&r["loadgen"]["achieved_rate"]),
             int(&r["lost_events"]),
             int(&r["incomplete"]),
             int(&r["complete_crossing_loss"])
