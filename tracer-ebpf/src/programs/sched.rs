@@ -11,8 +11,8 @@ use tracer_ebpf::{
 
 use super::{
     maps::{
-        TIDS, add_target_tid, config, current, current_target_tid, emit, field, is_target_tid,
-        now, stack_id,
+        TIDS, add_target_tid, config, current, current_target_tid, emit, field, is_target_tid, now,
+        stack_id,
     },
     syscalls::IN_FLIGHT,
 };
