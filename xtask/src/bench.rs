@@ -17,10 +17,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use serde::{Deserialize, Serialize};
 
-use crate::machine::{Machine, filesystem_of, load_average, utc_now};
-use crate::procs::{
-    Binaries, init_demo_db, run_loadgen, start_gateway, start_mock_upstream, workspace_root,
-};
+use crate::machine::{Machine, filesystem_of, load_average};
+use crate::procs::{Binaries, init_demo_db, run_loadgen, start_gateway, start_mock_upstream};
 
 /// The gate: added p99 latency below this, in µs.
 const GATE_P99_ADDED_US: f64 = 1_000.0;
@@ -49,12 +47,15 @@ pub struct Args {
     /// Measured seconds per row (default 20, or 2 with --quick).
     #[arg(long)]
     duration: Option<f64>,
-    /// Output directory (default profiles/bench-<date>, or profiles/bench-<date>-quick).
+    /// Output directory (default a new profiles/local/bench[-quick]-<UTC time>).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Write into an `--out` directory that already holds files (a recorded run).
+    #[arg(long)]
+    overwrite: bool,
     /// Run nothing: rewrite DIR/RESULTS.md from DIR/results.json (after a change to the
     /// report's text; the figures stay those of the run).
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "duration", "out"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "duration", "out", "overwrite"])]
     render: Option<PathBuf>,
 }
 
@@ -223,12 +224,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     ensure!(timing.row > 0.0, "--duration must be positive");
     let machine = Machine::collect();
-    let out_dir = args.out.clone().unwrap_or_else(|| {
-        let suffix = if args.quick { "-quick" } else { "" };
-        workspace_root()
-            .join("profiles")
-            .join(format!("bench-{}{suffix}", utc_now().date()))
-    });
+    let out_dir = crate::session_dir::prepare(
+        args.out.as_deref(),
+        if args.quick { "bench-quick" } else { "bench" },
+        args.overwrite,
+    )?;
     let bins = Binaries::build()?;
     let scratch = tempfile::Builder::new()
         .prefix("xtask-bench-")
@@ -423,7 +423,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         wall_time_s: started.elapsed().as_secs_f64(),
         load_average_at_end: load_average(),
     };
-    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     std::fs::write(
         out_dir.join("results.json"),
         serde_json::to_string_pretty(&results)? + "\n",

@@ -6,6 +6,7 @@ mod machine;
 mod procs;
 mod profile;
 mod run_tracer;
+mod session_dir;
 mod setup;
 mod test;
 mod validate;
@@ -25,13 +26,14 @@ enum Command {
     Setup(setup::Args),
     /// Run every test, root-only eBPF integration tests included.
     Test(test::Args),
-    /// The Phase 0 overhead matrix, out of process; writes profiles/bench-<date>/.
+    /// The Phase 0 overhead matrix, out of process; writes profiles/local/bench-<time>/ or --out.
     Bench(bench::Args),
     /// Build the tracer and attach it, as root, to a running gateway.
     RunTracer(run_tracer::Args),
-    /// A whole tail session at a fraction of max load; writes profiles/<name>/.
+    /// A whole tail session at a fraction of max load; writes profiles/local/<name>-<time>/ or --out.
     Profile(profile::Args),
-    /// Accuracy, probe effect, loss and cost of the tracer; writes profiles/validation-<date>/.
+    /// Accuracy, probe effect, loss and cost of the tracer; writes profiles/local/validation-<time>/
+    /// or --out.
     Validate(validate::Args),
 }
 

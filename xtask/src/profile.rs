@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 
-use crate::flags;
-use crate::machine::{Machine, utc_now};
+use crate::machine::Machine;
 use crate::procs::{
     self, Binaries, TracerProc, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
 };
+use crate::{flags, session_dir};
 
 /// Files the tracer must leave in the session directory.
 const TRACER_FILES: [&str; 12] = [
@@ -58,9 +58,12 @@ pub struct Args {
     duration: f64,
     #[command(flatten)]
     placement: flags::Placement,
-    /// Session directory (default profiles/<date>-<load>pct-<delay>ms).
+    /// Session directory (default a new profiles/local/<load>pct-<delay>ms-<UTC time>).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Write into an `--out` directory that already holds files (a recorded session).
+    #[arg(long)]
+    overwrite: bool,
     /// Skip the search and use this max rate (req/s), e.g. to repeat a session.
     #[arg(long, value_parser = rate)]
     max_rate: Option<f64>,
@@ -117,15 +120,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Before anything is built or started: the commit measured, and the load average the
     // session started from.
     let machine = Machine::collect();
-    let out = args.out.clone().unwrap_or_else(|| {
-        procs::workspace_root().join("profiles").join(format!(
-            "{}-{}pct-{}ms",
-            utc_now().date(),
-            (args.load * 100.0).round(),
-            args.delay_ms
-        ))
-    });
-    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let out = session_dir::prepare(
+        args.out.as_deref(),
+        &format!("{}pct-{}ms", (args.load * 100.0).round(), args.delay_ms),
+        args.overwrite,
+    )?;
     let work = tempfile::Builder::new()
         .prefix("xtask-profile-")
         .tempdir()?;

@@ -27,7 +27,7 @@ use anyhow::{Context as _, bail, ensure};
 use serde_json::{Value, json};
 
 use crate::flags;
-use crate::machine::{Machine, utc_now};
+use crate::machine::Machine;
 use crate::procs::{
     self, Binaries, Gateway, MockUpstream, TracerProc, init_demo_db, run_loadgen, start_gateway,
     start_mock_upstream, start_tracer,
@@ -67,9 +67,12 @@ pub struct Args {
     /// Shorten everything (accuracy 5 s, windows 3 s, loss 3 s, soak 30 s) to try it out.
     #[arg(long)]
     quick: bool,
-    /// Output directory (default profiles/validation-<date>).
+    /// Output directory (default a new profiles/local/validation-<UTC time>).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Write into an `--out` directory that already holds files (a recorded run).
+    #[arg(long)]
+    overwrite: bool,
     #[command(flatten)]
     placement: flags::Placement,
     /// Skip the untraced max search and use this rate (req/s).
@@ -303,12 +306,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (args.duration, args.window, args.loss_duration, args.soak)
     };
     let find_max_step = if args.quick { 1.0 } else { 2.0 };
-    let out = args.out.clone().unwrap_or_else(|| {
-        procs::workspace_root()
-            .join("profiles")
-            .join(format!("validation-{}", utc_now().date()))
-    });
-    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let out = crate::session_dir::prepare(args.out.as_deref(), "validation", args.overwrite)?;
     let work = tempfile::Builder::new()
         .prefix("xtask-validate-")
         .tempdir()?;
