@@ -25,6 +25,9 @@ const GATE_P99_ADDED_US: f64 = 1_000.0;
 const DELAYS_MS: [u64; 2] = [0, 5];
 const CLOSED_CONCURRENCY: [usize; 3] = [1, 16, 64];
 const OPEN_FRACTIONS: [f64; 3] = [0.25, 0.50, 0.75];
+/// An open-loop side that achieved less than this share of its target rate did not run the
+/// load it was asked for.
+const MIN_ACHIEVED_SHARE: f64 = 0.95;
 /// Open loop connections: enough that at 75% of max with a 5 ms upstream no request queues
 /// in loadgen for want of a connection.
 const OPEN_CONNECTIONS: usize = 128;
@@ -160,11 +163,53 @@ struct Row {
     target_rate: Option<f64>,
     gateway: Side,
     direct: Side,
-    added: Added,
+    /// None when the row is INVALID: a difference of two runs that did not run as asked.
+    added: Option<Added>,
     receipts_at_start: u64,
     receipts_at_end: u64,
     wal_bytes_after: u64,
+    /// PASS, FAIL, FAIL (errors) or INVALID.
     gate: String,
+    /// Why the row is INVALID. Absent from older results.json; `judge` recomputes it.
+    #[serde(default)]
+    invalid_reason: Option<String>,
+}
+
+impl Row {
+    /// A row that did not run as asked gets no added figures and no verdict.
+    fn judge(&mut self) {
+        if let Some(reason) = invalid_reason(self.target_rate, &self.gateway, &self.direct) {
+            self.gate = "INVALID".to_owned();
+            self.invalid_reason = Some(reason);
+            self.added = None;
+        }
+    }
+
+    fn is_valid(&self) -> bool {
+        self.invalid_reason.is_none()
+    }
+}
+
+/// Why a row's figures do not measure the load it asked for, if they do not: a side (gateway
+/// or direct) left requests unsent, or, in the open loop, achieved under 95% of the target.
+fn invalid_reason(target_rate: Option<f64>, gateway: &Side, direct: &Side) -> Option<String> {
+    let mut reasons = Vec::new();
+    for (name, side) in [("gateway", gateway), ("direct", direct)] {
+        let unsent = side.errors.get("unsent").copied().unwrap_or(0);
+        if unsent > 0 {
+            reasons.push(format!("the {name} side left {unsent} requests unsent"));
+        }
+        if let Some(target) = target_rate
+            && side.achieved_rate < MIN_ACHIEVED_SHARE * target
+        {
+            reasons.push(format!(
+                "the {name} side achieved {:.0} of {target:.0} req/s ({:.0}%)",
+                side.achieved_rate,
+                100.0 * side.achieved_rate / target
+            ));
+        }
+    }
+    (!reasons.is_empty()).then(|| reasons.join("; "))
 }
 
 #[derive(Serialize, Deserialize)]
@@ -197,8 +242,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let json = dir.join("results.json");
         let text = std::fs::read_to_string(&json)
             .with_context(|| format!("reading {}", json.display()))?;
-        let results: Results =
+        let mut results: Results =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))?;
+        // Older runs were written before rows were judged valid; the rule needs only their
+        // stored figures.
+        results.rows.iter_mut().for_each(Row::judge);
         std::fs::write(dir.join("RESULTS.md"), markdown(&results))?;
         eprintln!(
             "bench: rewrote {}/RESULTS.md from results.json",
@@ -372,15 +420,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             } else {
                 "FAIL".to_owned()
             };
-            eprintln!(
-                "{:.0} req/s, p99 {:.0} µs (direct {:.0} µs), added p99 {:.0} µs, {} errors: {gate}",
-                gateway_side.achieved_rate,
-                gateway_side.p99_us,
-                direct_side.p99_us,
-                added.p99_us,
-                gateway_side.error_count()
-            );
-            rows.push(Row {
+            let mut row = Row {
                 mode: shape.mode().to_owned(),
                 load: shape.label(),
                 delay_ms,
@@ -389,12 +429,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 target_rate: shape.rate(),
                 gateway: gateway_side,
                 direct: direct_side,
-                added,
+                added: Some(added),
                 receipts_at_start: receipts_in_template,
                 receipts_at_end,
                 wal_bytes_after,
                 gate,
-            });
+                invalid_reason: None,
+            };
+            row.judge();
+            let (g, d) = (&row.gateway, &row.direct);
+            match (&row.added, &row.invalid_reason) {
+                (Some(added), _) => eprintln!(
+                    "{:.0} req/s, p99 {:.0} µs (direct {:.0} µs), added p99 {:.0} µs, {} errors: {}",
+                    g.achieved_rate,
+                    g.p99_us,
+                    d.p99_us,
+                    added.p99_us,
+                    g.error_count(),
+                    row.gate
+                ),
+                (None, reason) => eprintln!(
+                    "{:.0} req/s (direct {:.0} req/s): INVALID, {}",
+                    g.achieved_rate,
+                    d.achieved_rate,
+                    reason.as_deref().unwrap_or_default()
+                ),
+            }
+            rows.push(row);
             std::fs::remove_dir_all(&row_dir)?;
         }
         drop(mock);
@@ -674,14 +735,20 @@ fn markdown(results: &Results) -> String {
     }
 
     md += &format!(
-        "\n## Results\n\nLatency in µs. Added = gateway − direct at the same percentile. Gate: added p99 < {:.0} µs, and no errors.\n\n",
-        r.gate_p99_added_us
+        "\n## Results\n\nLatency in µs. Added = gateway − direct at the same percentile. Gate: added p99 < {:.0} µs, and no errors. A row where either side fell behind (requests left unsent, or an open loop under {:.0}% of its target rate) did not run the load it names: it is INVALID, with no added figures and no verdict.\n\n",
+        r.gate_p99_added_us,
+        MIN_ACHIEVED_SHARE * 100.0
     );
     md += "| mode | delay | load | target req/s | achieved req/s | errors | total p50 | total p99 | total p99.9 | added p50 | added p99 | added p99.9 | gate |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for row in &r.rows {
         let g = &row.gateway;
+        let added = |pick: fn(&Added) -> f64| {
+            row.added
+                .as_ref()
+                .map_or_else(|| "—".to_owned(), |a| format!("{:.0}", pick(a)))
+        };
         md += &format!(
-            "| {} | {} ms | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |\n",
+            "| {} | {} ms | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |\n",
             row.mode,
             row.delay_ms,
             row.load,
@@ -692,10 +759,19 @@ fn markdown(results: &Results) -> String {
             g.p50_us,
             g.p99_us,
             g.p999_us,
-            row.added.p50_us,
-            row.added.p99_us,
-            row.added.p999_us,
+            added(|a| a.p50_us),
+            added(|a| a.p99_us),
+            added(|a| a.p999_us),
             row.gate
+        );
+    }
+    for row in r.rows.iter().filter(|row| !row.is_valid()) {
+        md += &format!(
+            "\nINVALID, {} {} ms {}: {}.\n",
+            row.mode,
+            row.delay_ms,
+            row.load,
+            row.invalid_reason.as_deref().unwrap_or_default()
         );
     }
     md += "\n### Direct baseline and steady state\n\n| mode | delay | load | direct achieved req/s | direct errors | direct p50 | direct p99 | direct p99.9 | loadgen send lag p99 gateway / direct | gateway p50 first third | gateway p50 last third | receipts start → end | WAL bytes after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
@@ -745,14 +821,21 @@ fn reading(r: &Results) -> String {
         .filter(|row| row.fraction_of_max == Some(0.25))
         .collect();
     for row in &gate_rows {
-        md += &format!(
-            "- **Gate row, open loop at 25% of max, upstream delay {} ms** ({:.0} req/s): added p99 {:.0} µs against the {:.0} µs gate: **{}**.\n",
-            row.delay_ms,
-            row.gateway.achieved_rate,
-            row.added.p99_us,
-            r.gate_p99_added_us,
-            row.gate
-        );
+        md += &match (&row.added, &row.invalid_reason) {
+            (Some(added), _) => format!(
+                "- **Gate row, open loop at 25% of max, upstream delay {} ms** ({:.0} req/s): added p99 {:.0} µs against the {:.0} µs gate: **{}**.\n",
+                row.delay_ms,
+                row.gateway.achieved_rate,
+                added.p99_us,
+                r.gate_p99_added_us,
+                row.gate
+            ),
+            (None, reason) => format!(
+                "- **Gate row, open loop at 25% of max, upstream delay {} ms**: **INVALID**, {}; no verdict.\n",
+                row.delay_ms,
+                reason.as_deref().unwrap_or_default()
+            ),
+        };
     }
     // While rows run, the bench itself keeps about two runnable processes.
     let first = |loadavg: &str| {
@@ -770,35 +853,55 @@ fn reading(r: &Results) -> String {
         );
     }
     let passed = r.rows.iter().filter(|row| row.gate == "PASS").count();
-    md += &format!("- {passed} of {} rows pass the gate.\n", r.rows.len());
+    let invalid: Vec<String> = r
+        .rows
+        .iter()
+        .filter(|row| !row.is_valid())
+        .map(|row| format!("{} {} ms {}", row.mode, row.delay_ms, row.load))
+        .collect();
+    md += &if invalid.is_empty() {
+        format!("- {passed} of {} rows pass the gate.\n", r.rows.len())
+    } else {
+        format!(
+            "- {passed} of {} valid rows pass the gate. INVALID, with no verdict: {}. The bullets below leave INVALID rows out.\n",
+            r.rows.len() - invalid.len(),
+            invalid.join(", ")
+        )
+    };
+    let open: Vec<&Row> = r
+        .rows
+        .iter()
+        .filter(|row| row.mode == "open" && row.is_valid())
+        .collect();
     md += &format!(
         "- The physical floor: raw fdatasync (overwrite) p50 {:.0} µs and p99 {:.0} µs before the matrix, p50 {:.0} µs and p99 {:.0} µs after (appending costs more: see the table). A receipt is answered only after its batch's commit, so one fdatasync is inside every gateway request's latency; the added p50 of the open-loop rows ({}) can be read against that p50.\n",
         r.fdatasync_before.overwrite.p50_us,
         r.fdatasync_before.overwrite.p99_us,
         r.fdatasync_after.overwrite.p50_us,
         r.fdatasync_after.overwrite.p99_us,
-        r.rows
-            .iter()
-            .filter(|row| row.mode == "open")
-            .map(|row| format!(
+        open.iter()
+            .filter_map(|row| Some(format!(
                 "{} ms {}: {:.0} µs",
-                row.delay_ms, row.load, row.added.p50_us
-            ))
+                row.delay_ms,
+                row.load,
+                row.added.as_ref()?.p50_us
+            )))
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let open: Vec<&Row> = r.rows.iter().filter(|row| row.mode == "open").collect();
     for delay in DELAYS_MS {
-        let p99s: Vec<f64> = open
-            .iter()
-            .filter(|row| row.delay_ms == delay)
-            .map(|row| row.gateway.p99_us)
-            .collect();
-        let monotonic = p99s.windows(2).all(|pair| pair[0] <= pair[1]);
+        let rows: Vec<&&Row> = open.iter().filter(|row| row.delay_ms == delay).collect();
+        let monotonic = rows
+            .windows(2)
+            .all(|pair| pair[0].gateway.p99_us <= pair[1].gateway.p99_us);
         md += &format!(
-            "- Open-loop gateway p99 at delay {delay} ms over 25/50/75% of max: {} µs — {}monotonic in load.\n",
-            p99s.iter()
-                .map(|v| format!("{v:.0}"))
+            "- Open-loop gateway p99 at delay {delay} ms over {} of max: {} µs — {}monotonic in load.\n",
+            rows.iter()
+                .map(|row| row.load.as_str())
+                .collect::<Vec<_>>()
+                .join("/"),
+            rows.iter()
+                .map(|row| format!("{:.0}", row.gateway.p99_us))
                 .collect::<Vec<_>>()
                 .join(" → "),
             if monotonic { "" } else { "**not** " }
@@ -873,4 +976,110 @@ fn reading(r: &Results) -> String {
     );
     md += "- This is the client-side view: it says how much the gateway adds, not where inside the gateway the time goes. That is the tracer's job (`cargo xtask profile`).\n";
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn side(achieved_rate: f64, errors: &[(&str, u64)]) -> Side {
+        Side {
+            achieved_rate,
+            sent: 0,
+            ok: 0,
+            errors: errors.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect(),
+            p50_us: 0.0,
+            p90_us: 0.0,
+            p99_us: 0.0,
+            p999_us: 0.0,
+            max_us: 0.0,
+            p50_first_third_us: None,
+            p50_last_third_us: None,
+            send_lag_p99_us: None,
+        }
+    }
+
+    #[test]
+    fn a_row_that_ran_as_asked_is_valid() {
+        let target = Some(1000.0);
+        assert_eq!(
+            invalid_reason(target, &side(1000.0, &[]), &side(990.0, &[])),
+            None
+        );
+        assert_eq!(
+            invalid_reason(target, &side(950.0, &[]), &side(950.0, &[])),
+            None,
+            "95% of the target is enough"
+        );
+        // A server error is the gateway's failure to judge, not a load that did not run.
+        assert_eq!(
+            invalid_reason(target, &side(1000.0, &[("500", 3)]), &side(1000.0, &[])),
+            None
+        );
+        // The closed loop has no target rate: any achieved rate is what it measures.
+        assert_eq!(
+            invalid_reason(None, &side(10.0, &[]), &side(5.0, &[])),
+            None
+        );
+    }
+
+    #[test]
+    fn unsent_requests_on_either_side_make_a_row_invalid() {
+        let gateway = invalid_reason(None, &side(100.0, &[("unsent", 7)]), &side(100.0, &[]));
+        assert!(
+            gateway
+                .as_deref()
+                .is_some_and(|r| r.contains("gateway") && r.contains('7'))
+        );
+        let direct = invalid_reason(None, &side(100.0, &[]), &side(100.0, &[("unsent", 2)]));
+        assert!(
+            direct
+                .as_deref()
+                .is_some_and(|r| r.contains("direct") && !r.contains("gateway"))
+        );
+    }
+
+    #[test]
+    fn an_open_loop_below_95_percent_of_its_target_is_invalid() {
+        let reason = invalid_reason(Some(1000.0), &side(1000.0, &[]), &side(949.0, &[]));
+        assert!(
+            reason
+                .as_deref()
+                .is_some_and(|r| r.contains("direct") && r.contains("949"))
+        );
+        let both = invalid_reason(Some(1000.0), &side(500.0, &[]), &side(400.0, &[]));
+        assert!(
+            both.as_deref()
+                .is_some_and(|r| r.contains("gateway") && r.contains("direct"))
+        );
+    }
+
+    #[test]
+    fn judging_an_invalid_row_drops_its_added_figures_and_verdict() {
+        let mut row = Row {
+            mode: "open".to_owned(),
+            load: "75%".to_owned(),
+            delay_ms: 5,
+            concurrency: None,
+            fraction_of_max: Some(0.75),
+            target_rate: Some(1000.0),
+            gateway: side(700.0, &[("unsent", 9)]),
+            direct: side(1000.0, &[]),
+            added: Some(Added {
+                p50_us: -1.0,
+                p99_us: -1.0,
+                p999_us: -1.0,
+            }),
+            receipts_at_start: 0,
+            receipts_at_end: 0,
+            wal_bytes_after: 0,
+            gate: "FAIL (errors)".to_owned(),
+            invalid_reason: None,
+        };
+        row.judge();
+        assert_eq!(row.gate, "INVALID");
+        assert!(row.added.is_none() && !row.is_valid());
+        let json = serde_json::to_value(&row).unwrap();
+        assert!(json["added"].is_null() && json["invalid_reason"].is_string());
+    }
 }
