@@ -1,11 +1,12 @@
-//! Bad input to `tracer record` gets a clear error naming the problem (no root needed: these
-//! fail before anything is loaded).
+//! Bad input to `tracer record` gets a clear error naming the problem. These fail before
+//! anything is loaded; those about the target need root only because privileges are checked
+//! first.
 
 mod attach_common;
 
 use std::process::Command;
 
-use attach_common::run_tracer;
+use attach_common::{is_root, require_root, run_tracer, tracer};
 
 fn stderr_of(args: &[&str]) -> String {
     let output = run_tracer(args);
@@ -15,6 +16,9 @@ fn stderr_of(args: &[&str]) -> String {
 
 #[test]
 fn missing_pid() {
+    if !require_root("missing_pid") {
+        return;
+    }
     // A pid that existed and is gone: reaped, and not reused this fast on a quiet machine.
     let mut child = Command::new("true").spawn().unwrap();
     let pid = child.id().to_string();
@@ -28,6 +32,9 @@ fn missing_pid() {
 
 #[test]
 fn binary_without_probe_sites_names_them() {
+    if !require_root("binary_without_probe_sites_names_them") {
+        return;
+    }
     let mut sleep = Command::new("sleep").arg("30").spawn().unwrap();
     let stderr = stderr_of(&["record", "--pid", &sleep.id().to_string()]);
     sleep.kill().unwrap();
@@ -54,4 +61,32 @@ fn invalid_duration() {
 fn invalid_ring_size() {
     let stderr = stderr_of(&["record", "--pid", "1", "--ring-mib", "3"]);
     assert!(stderr.contains("power of two"), "{stderr}");
+}
+
+/// Without privileges the tracer says what it needs before it touches the target. As root the
+/// test drops to nobody (uid 65534, which also clears every capability) with `setpriv`.
+#[test]
+fn without_privileges_it_names_what_it_needs() {
+    let mut command = if is_root() {
+        let mut setpriv = Command::new("setpriv");
+        setpriv
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_tracer"));
+        setpriv
+    } else {
+        tracer()
+    };
+    let output = match command.args(["record", "--pid", "1"]).output() {
+        Ok(output) => output,
+        Err(err) => {
+            eprintln!("SKIPPED without_privileges_it_names_what_it_needs: setpriv: {err}");
+            return;
+        }
+    };
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for needed in ["root", "CAP_BPF", "CAP_PERFMON", "CAP_SYS_PTRACE", "sudo"] {
+        assert!(stderr.contains(needed), "{needed} not named:\n{stderr}");
+    }
+    assert!(!stderr.contains("/proc/1/exe"), "{stderr}");
 }

@@ -4,6 +4,7 @@ use std::{fs, path::Path};
 
 use anyhow::{Context as _, bail};
 
+const CAP_SYS_PTRACE: u32 = 19;
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
@@ -19,7 +20,8 @@ pub fn check() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Root, or CAP_BPF with CAP_PERFMON (uprobes, perf events), in the effective set.
+/// Root, or CAP_BPF with CAP_PERFMON (uprobes, perf events) and CAP_SYS_PTRACE (the target's
+/// /proc/PID/exe, maps and fds), in the effective set.
 fn check_privileges() -> anyhow::Result<()> {
     let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
     let effective = status
@@ -28,11 +30,12 @@ fn check_privileges() -> anyhow::Result<()> {
         .context("no CapEff in /proc/self/status")?;
     let effective = u64::from_str_radix(effective.trim(), 16).context("parsing CapEff")?;
     let has = |cap: u32| effective & (1 << cap) != 0;
-    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON) && has(CAP_SYS_PTRACE)) {
         return Ok(());
     }
     bail!(
-        "tracer record needs root, or CAP_BPF and CAP_PERFMON (effective capabilities are \
-         {effective:#x}); run it with sudo, or through `cargo xtask run-tracer`"
+        "tracer record needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE \
+         (effective capabilities are {effective:#x}); run it with sudo (`sudo tracer record \
+         ...` or `sudo cargo xtask run-tracer ...`)"
     )
 }
