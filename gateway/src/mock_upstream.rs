@@ -2,11 +2,13 @@
 //!
 //! Every request (any method, any path) is answered with
 //! `{"echo": <request body as JSON, or null>, "path": "<request path>", "authorization":
-//! <the Authorization header, or null>}` after a fixed delay,
-//! slept on the tokio timer so concurrent requests overlap their delays as a real service would.
+//! <the Authorization header, or null>}` after a fixed delay. Concurrent requests overlap
+//! their delays as a real service would.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,12 +18,19 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use nix::errno::Errno;
+use nix::sys::time::TimeSpec;
+use nix::time::{ClockId, ClockNanosleepFlags, clock_gettime, clock_nanosleep};
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 
 /// Serves until the process ends. Prints `listening on ADDR` once the socket is bound: tests and
 /// xtask wait for that line before sending.
 pub async fn run(listener: TcpListener, delay: Duration) -> std::io::Result<()> {
     let local = listener.local_addr()?;
+    let timer = (!delay.is_zero())
+        .then(|| Timer::start(delay))
+        .transpose()?;
     println!("listening on {local}");
     loop {
         let (stream, _peer): (_, SocketAddr) = match listener.accept().await {
@@ -30,8 +39,9 @@ pub async fn run(listener: TcpListener, delay: Duration) -> std::io::Result<()> 
             Err(_) => continue,
         };
         let _ = stream.set_nodelay(true);
+        let timer = timer.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req| echo(req, delay));
+            let service = service_fn(move |req| echo(req, timer.clone()));
             // A client that disconnects mid-request is not an error worth reporting.
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -42,7 +52,7 @@ pub async fn run(listener: TcpListener, delay: Duration) -> std::io::Result<()> 
 
 async fn echo(
     req: Request<Incoming>,
-    delay: Duration,
+    timer: Option<Arc<Timer>>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path().to_owned();
     // Echoed so tests can see which credential the gateway injected.
@@ -55,8 +65,8 @@ async fn echo(
         Ok(collected) => collected.to_bytes(),
         Err(_) => Bytes::new(),
     };
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
+    if let Some(timer) = timer {
+        timer.sleep().await;
     }
     let echo: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
     let reply = serde_json::json!({ "echo": echo, "path": path, "authorization": authorization });
@@ -66,4 +76,88 @@ async fn echo(
         .body(Full::new(Bytes::from(bytes)))
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
     Ok(response)
+}
+
+/// The delay, kept on a thread of its own: tokio's timer wheel ticks in whole ms and rounds
+/// every sleep up to the next tick (5 ms answered in ~6.4 ms). This thread sleeps to each
+/// deadline with absolute `clock_nanosleep` and 1 µs timer slack, then wakes the requests due.
+struct Timer {
+    delay: TimeSpec,
+    /// Deadlines in order: each is `now + delay` taken under the lock, with one fixed delay.
+    queue: Mutex<VecDeque<(TimeSpec, oneshot::Sender<()>)>>,
+    queued: Condvar,
+}
+
+impl Timer {
+    fn start(delay: Duration) -> std::io::Result<Arc<Timer>> {
+        let timer = Arc::new(Timer {
+            delay: TimeSpec::from_duration(delay),
+            queue: Mutex::new(VecDeque::new()),
+            queued: Condvar::new(),
+        });
+        let thread = timer.clone();
+        std::thread::Builder::new()
+            .name("mock-timer".to_owned())
+            .spawn(move || thread.run())?;
+        Ok(timer)
+    }
+
+    /// Returns `delay` after it is called.
+    async fn sleep(&self) {
+        let (done, wait) = oneshot::channel();
+        {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            queue.push_back((monotonic() + self.delay, done));
+            if queue.len() == 1 {
+                self.queued.notify_one();
+            }
+        }
+        // The timer thread never drops a sender unsent.
+        let _ = wait.await;
+    }
+
+    fn run(&self) {
+        // The default 50 µs slack would make every answer up to 50 µs late; failure only costs
+        // that precision.
+        let _ = nix::sys::prctl::set_timerslack(1_000);
+        let mut due = Vec::new();
+        loop {
+            let next = {
+                let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                loop {
+                    match queue.front() {
+                        Some((deadline, _)) => break *deadline,
+                        None => {
+                            queue = self
+                                .queued
+                                .wait(queue)
+                                .unwrap_or_else(PoisonError::into_inner);
+                        }
+                    }
+                }
+            };
+            // Deadlines only grow, so nothing queued during the sleep is due before `next`.
+            while clock_nanosleep(
+                ClockId::CLOCK_MONOTONIC,
+                ClockNanosleepFlags::TIMER_ABSTIME,
+                &next,
+            ) == Err(Errno::EINTR)
+            {}
+            let now = monotonic();
+            {
+                let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                while queue.front().is_some_and(|(deadline, _)| *deadline <= now) {
+                    due.extend(queue.pop_front().map(|(_, done)| done));
+                }
+            }
+            for done in due.drain(..) {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+fn monotonic() -> TimeSpec {
+    // CLOCK_MONOTONIC cannot fail to read on Linux.
+    clock_gettime(ClockId::CLOCK_MONOTONIC).unwrap_or_else(|_| TimeSpec::new(0, 0))
 }

@@ -11,12 +11,19 @@ struct Args {
     /// Address to listen on, e.g. 127.0.0.1:9000 (port 0 picks a free port).
     #[arg(long)]
     listen: String,
-    /// Delay applied to every request before answering, in milliseconds.
-    #[arg(long, default_value_t = 0)]
-    delay_ms: u64,
+    /// Delay applied to every request before answering, in milliseconds (fractions allowed).
+    #[arg(long, default_value_t = 0.0, value_parser = delay_ms)]
+    delay_ms: f64,
     /// Tokio worker threads.
     #[arg(long, default_value_t = 1)]
     workers: usize,
+}
+
+fn delay_ms(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(ms) if (0.0..=3_600_000.0).contains(&ms) => Ok(ms),
+        _ => Err(format!("expected milliseconds in [0, 3600000], got {text}")),
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -31,7 +38,7 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
-        gateway::mock_upstream::run(listener, Duration::from_millis(args.delay_ms))
+        gateway::mock_upstream::run(listener, Duration::from_secs_f64(args.delay_ms / 1e3))
             .await
             .context("serving")
     })
