@@ -169,8 +169,10 @@ fn own_cpu_seconds() -> (f64, f64) {
 }
 
 pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
-    let target = Target::open(args.pid)?;
+    // Privileges first: without them the first failure is an unreadable /proc/PID/exe, which
+    // does not say what to do.
     preflight::check()?;
+    let target = Target::open(args.pid)?;
     fs::create_dir_all(&args.out)
         .with_context(|| format!("creating output directory {}", args.out.display()))?;
     install_stop_handlers()?;
