@@ -14,6 +14,7 @@ pub mod ledger;
 pub mod mock_upstream;
 pub mod probe;
 pub mod ratelimit;
+pub mod repoll;
 pub mod secrets;
 pub mod server;
 pub mod upstream;

@@ -14,14 +14,16 @@
 //! | `gw_probe_request_begin` | req_id, client fd | handler future created; its first poll follows at once |
 //! | `gw_probe_request_end` | req_id, status | handler produced its response, inside its last poll |
 //! | `gw_probe_phase` | req_id, phase | the request enters a phase (phases do not nest) |
-//! | `gw_probe_poll_enter` | req_id | before each later poll of the request future |
-//! | `gw_probe_poll_exit` | req_id | after each poll that returned pending |
+//! | `gw_probe_poll_enter` | req_id | before each later poll of the task serving the request |
+//! | `gw_probe_poll_exit` | req_id | after each poll of that task that leaves the request unfinished |
 //! | `gw_probe_ledger_enqueue` | req_id | receipt handed to the writer |
 //! | `gw_probe_sign_begin` / `_end` | batch_id, count | writer thread: a batch is sealed (hashed and signed) |
 //! | `gw_probe_receipt_durable` | req_id, seq | writer completed this request's waiter |
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 pub use tracer_ebpf::sites::{Phase, Site};
@@ -51,40 +53,61 @@ pub fn phase(req_id: u64, phase: Phase) {
     gw_probe_phase(req_id, phase as u64, 0);
 }
 
-/// Wraps a request's future so the tracer knows which thread ran which request, and when.
-/// The first poll begins at `request_begin` (called just before it) and the last one ends at
-/// `request_end` (the handler's last act), so only the polls between them are bracketed here:
-/// every site hit is a trap when traced.
-pub struct Traced<F> {
-    req_id: u64,
-    polled: bool,
-    inner: F,
-}
+/// The request a connection is serving (0: none), shared by the connection's task and the
+/// request's handler. HTTP/1.1 without pipelining serves one request at a time.
+#[derive(Clone, Default)]
+pub struct InFlight(Arc<AtomicU64>);
 
-impl<F> Traced<F> {
-    pub fn new(req_id: u64, inner: F) -> Self {
-        Traced {
-            req_id,
-            polled: false,
-            inner,
-        }
+impl InFlight {
+    /// The handler future of `req_id` is created; its first poll follows at once.
+    pub fn begin(&self, req_id: u64, client_fd: u64) {
+        gw_probe_request_begin(req_id, client_fd, 0);
+        self.0.store(req_id, Ordering::Relaxed);
+    }
+
+    /// The handler's last act: its response is ready and hyper writes it next.
+    pub fn end(&self, req_id: u64, status: u64) {
+        self.0.store(0, Ordering::Relaxed);
+        gw_probe_request_end(req_id, status, 0);
+    }
+
+    fn current(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
     }
 }
 
-impl<F: Future> Future for Traced<F> {
+/// Wraps a connection's task so the tracer knows which thread served which request, and when.
+/// A poll of the task is a poll of the request in flight on it: hyper's work for the request
+/// happens there too. The first such poll starts at `request_begin` and the last one ends at
+/// `request_end`, so only the polls between them are bracketed here, and a re-poll of the
+/// handler inside one task poll (hyper feeding it the body) costs nothing: every site hit is
+/// a trap when traced.
+pub struct ConnectionTask<F> {
+    in_flight: InFlight,
+    inner: F,
+}
+
+impl<F> ConnectionTask<F> {
+    pub fn new(in_flight: InFlight, inner: F) -> Self {
+        ConnectionTask { in_flight, inner }
+    }
+}
+
+impl<F: Future> Future for ConnectionTask<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         // SAFETY: `inner` is structurally pinned; it is never moved out of `self`.
         let this = unsafe { self.get_unchecked_mut() };
-        if this.polled {
-            gw_probe_poll_enter(this.req_id, 0, 0);
+        let before = this.in_flight.current();
+        if before != 0 {
+            gw_probe_poll_enter(before, 0, 0);
         }
-        this.polled = true;
         // SAFETY: see above.
         let out = unsafe { Pin::new_unchecked(&mut this.inner) }.poll(cx);
-        if out.is_pending() {
-            gw_probe_poll_exit(this.req_id, 0, 0);
+        let after = this.in_flight.current();
+        if after != 0 && out.is_pending() {
+            gw_probe_poll_exit(after, 0, 0);
         }
         out
     }

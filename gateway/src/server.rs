@@ -1,10 +1,11 @@
 //! The HTTP/1.1 server: accept loop, routing, request ids and the request-level probe sites.
 //!
-//! Per request, on the tokio worker that polls its connection:
-//! `request_begin(req_id, client fd)` when the handler future is created, then the handler
-//! future wrapped in [`Traced`] (`poll_enter` / `poll_exit` around each poll), phases inside,
-//! and `request_end(req_id, status)` as the last thing the handler does, right before hyper
-//! writes the response.
+//! Per request, on the tokio worker that polls its connection's task:
+//! `request_begin(req_id, client fd)` when the handler future is created, phases inside, and
+//! `request_end(req_id, status)` as the last thing the handler does, right before hyper writes
+//! the response. The connection's task is wrapped in [`ConnectionTask`]: its later polls while
+//! the request is in flight are bracketed by `poll_enter` / `poll_exit`, and in [`Repoll`],
+//! which polls it again at once when hyper's halves wake each other inside one poll.
 
 use std::convert::Infallible;
 use std::os::fd::AsRawFd;
@@ -25,7 +26,8 @@ use tokio::net::TcpListener;
 use crate::act::{self, Answer};
 use crate::app::App;
 use crate::error::ApiError;
-use crate::probe::{self, Traced};
+use crate::probe::{ConnectionTask, InFlight};
+use crate::repoll::Repoll;
 
 pub const REQUEST_ID: &str = "x-request-id";
 
@@ -43,17 +45,20 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
         let _ = stream.set_nodelay(true);
         let client_fd = stream.as_raw_fd() as u64;
         let app = app.clone();
-        tokio::spawn(async move {
+        let in_flight = InFlight::default();
+        let task_in_flight = in_flight.clone();
+        let connection = async move {
             let service = service_fn(move |req| {
                 let req_id = request_id(&req);
-                probe::gw_probe_request_begin(req_id, client_fd, 0);
-                Traced::new(req_id, handle(app.clone(), req, req_id))
+                in_flight.begin(req_id, client_fd);
+                handle(app.clone(), req, req_id, in_flight.clone())
             });
             // Client resets and malformed HTTP end the connection; nothing to report.
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
-        });
+        };
+        tokio::spawn(ConnectionTask::new(task_in_flight, Repoll::new(connection)));
     }
 }
 
@@ -61,6 +66,7 @@ async fn handle(
     app: Arc<App>,
     req: Request<Incoming>,
     req_id: u64,
+    in_flight: InFlight,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let answer = route(&app, req, req_id).await;
     let status = answer.status;
@@ -69,7 +75,7 @@ async fn handle(
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(REQUEST_ID, HeaderValue::from(req_id));
-    probe::gw_probe_request_end(req_id, u64::from(status.as_u16()), 0);
+    in_flight.end(req_id, u64::from(status.as_u16()));
     Ok(response)
 }
 

@@ -12,7 +12,7 @@ use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -111,7 +111,7 @@ impl Pool {
         loop {
             let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
             let Some(mut pooled) = idle else { break };
-            if poll_fn(|cx| Poll::Ready(usable_now(&mut pooled, cx))).await {
+            if usable_now(&mut pooled) {
                 return Ok(Checkout::Reused(pooled));
             }
         }
@@ -154,7 +154,7 @@ impl Pool {
             .await?
             .map_err(|_| UpstreamError::Protocol)?
             .to_bytes();
-        if !conn_done && poll_fn(|cx| Poll::Ready(usable_now(&mut pooled, cx))).await {
+        if !conn_done && usable_now(&mut pooled) {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
             if idle.len() < MAX_IDLE {
                 idle.push(pooled);
@@ -164,12 +164,17 @@ impl Pool {
     }
 }
 
-/// One non-blocking look at a connection: true if it can take a request right now.
-fn usable_now(pooled: &mut Pooled, cx: &mut Context<'_>) -> bool {
-    if pooled.conn.poll_without_shutdown(cx).is_ready() {
+/// One non-blocking look at a connection: true if it can take a request right now. It polls
+/// with a no-op waker: a pooled connection must not keep the waker of the task that last
+/// looked at it, or the next request's use of it would wake that task for nothing (a wasted
+/// task poll, and two probe hits when traced). The request that takes it drives it with its
+/// own waker.
+fn usable_now(pooled: &mut Pooled) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    if pooled.conn.poll_without_shutdown(&mut cx).is_ready() {
         return false; // closed by the peer, or failed
     }
-    matches!(pooled.sender.poll_ready(cx), Poll::Ready(Ok(())))
+    matches!(pooled.sender.poll_ready(&mut cx), Poll::Ready(Ok(())))
 }
 
 /// Polls the connection (socket I/O) and `fut` together until `fut` completes. If the

@@ -11,9 +11,10 @@ pub const NOP5: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
 
 /// Every probe site, in id order. `Site as u16` is the event's `sub`.
 ///
-/// A poll's begin and end are folded into the sites that already mark them: the first poll of
-/// a request starts at `RequestBegin` and the last one ends at `RequestEnd`, so `PollEnter` /
-/// `PollExit` mark only the polls in between (each hit is a trap, ~1 µs in place).
+/// A request's polls are the polls of the task that serves it (its connection's: hyper's work
+/// for the request happens there too). The first one starts at `RequestBegin` and the last one
+/// ends at `RequestEnd`, so `PollEnter` / `PollExit` mark only the polls in between: each hit
+/// is a trap, ~1 µs in place.
 #[repr(u16)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Site {
@@ -25,9 +26,9 @@ pub enum Site {
     /// (req_id, phase id): the request enters a phase. Phases do not nest: one lasts until
     /// the next begins. Attached only with `--phases`.
     Phase = 2,
-    /// (req_id): a later poll of the request's future starts, on the calling thread.
+    /// (req_id): a later poll of the task serving the request starts, on the calling thread.
     PollEnter = 3,
-    /// (req_id): a poll returned pending.
+    /// (req_id): that poll returned with the request unfinished.
     PollExit = 4,
     /// (req_id): the receipt was handed to the ledger writer.
     LedgerEnqueue = 5,
