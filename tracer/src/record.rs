@@ -156,6 +156,18 @@ impl Rebuild {
     }
 }
 
+/// The reader only needs throughput (the ring holds seconds of events), so it runs as
+/// SCHED_IDLE: any other task on its CPU, a load generator or the system's own work, runs
+/// first. Set after calibration, whose loops time themselves.
+fn yield_cpu_to_others() -> anyhow::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: plain syscall on this thread, with a valid sched_param.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("sched_setscheduler(SCHED_IDLE)");
+    }
+    Ok(())
+}
+
 /// User and system CPU seconds this process has used.
 fn own_cpu_seconds() -> (f64, f64) {
     // SAFETY: zeroed rusage is valid; getrusage fills it.
@@ -186,6 +198,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     };
     // Before attaching, so the target's probes do not run during the calibration loops.
     let calibration = crate::calibrate::before_attach(args.no_calibrate)?;
+    yield_cpu_to_others()?;
     let mut session = Session::attach(&target, &options)?;
     eprintln!("tracer: mode {}", options.mode());
     for mode in &session.modes {

@@ -520,6 +520,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "tracer_stopped_s": if extra.is_empty() { Value::Null } else { json!(args.forced_stall) },
             "loadgen": {"ok": load["ok"], "errors": load["errors"], "achieved_rate": load["achieved_rate"],
                         "p99_us": latency(&load, "p99")},
+            "events_per_s": breakdown["tracer"]["events"].as_f64().unwrap_or(f64::NAN)
+                / breakdown["duration_s"].as_f64().unwrap_or(f64::NAN),
             "lost_events": breakdown["lost_events"],
             "requests": breakdown["requests"],
             "incomplete": breakdown["incomplete"],

@@ -548,11 +548,12 @@ fn reading(md: &mut String, v: &Value) -> std::fmt::Result {
     for r in v["loss"].as_array().into_iter().flatten() {
         writeln!(
             md,
-            "- Loss, {}: asked {} req/s, achieved {} req/s; {} events lost, {} requests \
-             incomplete, {} complete requests across a loss span.",
+            "- Loss, {}: asked {} req/s, achieved {} req/s, {} events/s; {} events lost, {} \
+             requests incomplete, {} complete requests across a loss span.",
             r["name"].as_str().unwrap_or("?"),
             int(&r["rate"]),
             int(&r["loadgen"]["achieved_rate"]),
+            int(&r["events_per_s"]),
             int(&r["lost_events"]),
             int(&r["incomplete"]),
             int(&r["complete_crossing_loss"])
