@@ -3,12 +3,20 @@
 
 use std::{
     fs,
-    os::fd::RawFd,
-    sync::atomic::{AtomicI32, Ordering},
+    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
+use rustix::{
+    event::{PollFd, PollFlags, Timespec, poll},
+    process::{Pid, PidfdFlags, pidfd_open},
+};
+use signal_hook::consts::{SIGINT, SIGTERM};
 use tracer_ebpf::abi::{Event, kind};
 
 use crate::{
@@ -21,57 +29,36 @@ use crate::{
     validate::hooks::Hooks,
 };
 
-/// The signal that asked us to stop, or 0.
-static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_stop_signal(signal: libc::c_int) {
-    STOP_SIGNAL.store(signal, Ordering::SeqCst);
-}
-
-/// SIGINT/SIGTERM set a flag; no SA_RESTART, so the poll in the main loop returns at once.
-fn install_stop_handlers() -> anyhow::Result<()> {
-    for signal in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: a zeroed sigaction with a handler that only stores to an atomic.
-        let result = unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_stop_signal as *const () as usize;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(signal, &action, std::ptr::null_mut())
-        };
-        if result != 0 {
-            return Err(std::io::Error::last_os_error()).context("installing signal handlers");
-        }
+/// SIGINT and SIGTERM store their number here (0: none yet); the main loop looks every
+/// drain, at most 10 ms later.
+fn stop_signal() -> anyhow::Result<Arc<AtomicUsize>> {
+    let stop = Arc::new(AtomicUsize::new(0));
+    for signal in [SIGINT, SIGTERM] {
+        signal_hook::flag::register_usize(signal, stop.clone(), signal as usize)
+            .context("installing signal handlers")?;
     }
-    Ok(())
+    Ok(stop)
 }
 
 /// A pidfd: readable once the target has exited.
-fn pidfd_open(pid: u32) -> anyhow::Result<RawFd> {
-    // SAFETY: plain syscall, no pointers.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("pidfd_open({pid})"));
-    }
-    Ok(fd as RawFd)
+fn open_pidfd(pid: u32) -> anyhow::Result<OwnedFd> {
+    let raw = i32::try_from(pid).context("pid out of range")?;
+    let target = Pid::from_raw(raw).context("pid 0")?;
+    pidfd_open(target, PidfdFlags::empty()).with_context(|| format!("pidfd_open({pid})"))
 }
 
 /// Waits up to `timeout` for the ring or the target; returns true if the target has exited.
-fn wait(ring_fd: RawFd, pidfd: RawFd, timeout: Duration) -> bool {
+fn wait(ring: BorrowedFd<'_>, pidfd: BorrowedFd<'_>, timeout: Duration) -> bool {
     let mut fds = [
-        libc::pollfd {
-            fd: ring_fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: pidfd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
+        PollFd::from_borrowed_fd(ring, PollFlags::IN),
+        PollFd::from_borrowed_fd(pidfd, PollFlags::IN),
     ];
-    // SAFETY: two valid pollfds.
-    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis() as libc::c_int) };
-    ready > 0 && fds[1].revents != 0
+    let timeout = Timespec {
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos().into(),
+    };
+    // An interrupted poll (a stop signal) is a timeout: the loop looks at the flag next.
+    poll(&mut fds, Some(&timeout)).is_ok_and(|n| n > 0) && !fds[1].revents().is_empty()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,8 +174,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let target = Target::open(args.pid)?;
     fs::create_dir_all(&args.out)
         .with_context(|| format!("creating output directory {}", args.out.display()))?;
-    install_stop_handlers()?;
-    let pidfd = pidfd_open(args.pid)?;
+    let stop = stop_signal()?;
+    let pidfd = open_pidfd(args.pid)?;
 
     let options = Options {
         sample_hz: args.sample_hz,
@@ -240,13 +227,13 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut last_report = (Instant::now(), 0u64, 0u64);
     let reason = loop {
-        let exited = wait(stream.ring_fd(), pidfd, Duration::from_millis(10));
+        let exited = wait(stream.ring_fd(), pidfd.as_fd(), Duration::from_millis(10));
         stream.pump(&mut sink)?;
         let outcomes = sink.rebuilder.drain();
         sink.write(outcomes)?;
-        let signal = STOP_SIGNAL.load(Ordering::SeqCst);
+        let signal = stop.load(Ordering::SeqCst);
         if signal != 0 {
-            break StopReason::Signal(signal);
+            break StopReason::Signal(signal as i32);
         }
         if exited {
             break StopReason::TargetExited;
@@ -281,8 +268,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     stream.finish(&mut sink)?;
     let outcomes = sink.rebuilder.finish(monotonic_ns());
     sink.write(outcomes)?;
-    // SAFETY: our own fd, closed once.
-    unsafe { libc::close(pidfd) };
+    drop(pidfd);
 
     let why = match reason {
         StopReason::Signal(signal) => format!("signal {signal}"),

@@ -7,7 +7,7 @@ pub mod drops;
 pub mod loss;
 pub mod reorder;
 
-use std::os::fd::{AsRawFd as _, RawFd};
+use std::os::fd::{AsFd as _, BorrowedFd};
 
 use aya::maps::{MapData, RingBuf};
 use tracer_ebpf::abi::Event;
@@ -64,9 +64,10 @@ impl EventStream {
         }
     }
 
-    /// The ring's fd, readable when records are waiting.
-    pub fn ring_fd(&self) -> RawFd {
-        self.ring.as_raw_fd()
+    /// The ring's fd, readable when the kernel woke the reader (the ring filled past the
+    /// wakeup threshold).
+    pub fn ring_fd(&self) -> BorrowedFd<'_> {
+        self.ring.as_fd()
     }
 
     pub fn lost_events(&self) -> u64 {
