@@ -58,8 +58,9 @@ pub struct Args {
     /// Write into an `--out` directory that already holds files (a recorded run).
     #[arg(long)]
     overwrite: bool,
-    /// Run nothing: rewrite DIR/RESULTS.md from DIR/results.json (after a change to the
-    /// report's text; the figures stay those of the run).
+    /// Run nothing: re-judge the rows of DIR/results.json and rewrite DIR/RESULTS.md from it
+    /// (after a change to the report's text or its rules; the measured figures stay those of
+    /// the run).
     #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "duration", "out", "overwrite"])]
     render: Option<PathBuf>,
 }
@@ -249,12 +250,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("reading {}", json.display()))?;
         let mut results: Results =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))?;
-        // Older runs were written before rows were judged valid; the rule needs only their
-        // stored figures.
+        // Older runs were judged without the rule: their results.json is rewritten too, so
+        // no row keeps a verdict on figures from a run that did not run as asked.
         results.rows.iter_mut().for_each(Row::judge);
+        std::fs::write(&json, serde_json::to_string_pretty(&results)? + "\n")
+            .with_context(|| format!("writing {}", json.display()))?;
         std::fs::write(dir.join("RESULTS.md"), markdown(&results))?;
         eprintln!(
-            "bench: rewrote {}/RESULTS.md from results.json",
+            "bench: re-judged {}/results.json and rewrote RESULTS.md from it",
             dir.display()
         );
         return Ok(());
