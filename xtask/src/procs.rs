@@ -31,6 +31,63 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Executables from one `cargo build --release`, by file name.
+pub struct Executables(Vec<PathBuf>);
+
+impl Executables {
+    pub fn find(&self, name: &str) -> anyhow::Result<PathBuf> {
+        self.0
+            .iter()
+            .find(|path| path.file_name().is_some_and(|file| file == name))
+            .cloned()
+            .with_context(|| format!("cargo build produced no `{name}` binary"))
+    }
+}
+
+/// `cargo build --release ARGS`, reading the executables' paths from cargo's JSON messages
+/// (so `CARGO_TARGET_DIR` and config are honoured). Cargo's own lines pass through but its
+/// closing `Finished`: a build with nothing to do prints nothing.
+pub fn cargo_build_release(args: &[&str]) -> anyhow::Result<Executables> {
+    let mut child = Command::new(env!("CARGO"))
+        .current_dir(workspace_root())
+        .args(["build", "--release"])
+        .args(args)
+        .args(["--message-format", "json-render-diagnostics"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running cargo build")?;
+    let stderr = child.stderr.take().context("cargo's stderr")?;
+    let relay = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !line.trim_start().starts_with("Finished") {
+                eprintln!("{line}");
+            }
+        }
+    });
+    let mut stdout = Vec::new();
+    child
+        .stdout
+        .take()
+        .context("cargo's stdout")?
+        .read_to_end(&mut stdout)
+        .context("reading cargo's messages")?;
+    let status = child.wait().context("waiting for cargo build")?;
+    let _ = relay.join();
+    ensure!(
+        status.success(),
+        "cargo build --release {} failed ({status})",
+        args.join(" ")
+    );
+    Ok(Executables(
+        stdout
+            .split(|&b| b == b'\n')
+            .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
+            .filter_map(|message| message["executable"].as_str().map(PathBuf::from))
+            .collect(),
+    ))
+}
+
 /// The release binaries of a session.
 pub struct Binaries {
     pub gateway: PathBuf,
@@ -39,42 +96,12 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    /// `cargo build --release -p gateway -p loadgen`, once, reading the executables' paths
-    /// from cargo's JSON messages (so `CARGO_TARGET_DIR` and config are honoured).
     pub fn build() -> anyhow::Result<Self> {
-        eprintln!("xtask: cargo build --release -p gateway -p loadgen");
-        let output = Command::new(env!("CARGO"))
-            .current_dir(workspace_root())
-            .args(["build", "--release", "-p", "gateway", "-p", "loadgen"])
-            .args(["--message-format", "json-render-diagnostics"])
-            .stderr(Stdio::inherit())
-            .output()
-            .context("running cargo build")?;
-        ensure!(
-            output.status.success(),
-            "cargo build --release failed ({})",
-            output.status
-        );
-        let mut executables = Vec::new();
-        for line in output.stdout.split(|&b| b == b'\n') {
-            let Ok(message) = serde_json::from_slice::<serde_json::Value>(line) else {
-                continue;
-            };
-            if let Some(path) = message["executable"].as_str() {
-                executables.push(PathBuf::from(path));
-            }
-        }
-        let find = |name: &str| {
-            executables
-                .iter()
-                .find(|path| path.file_name().is_some_and(|file| file == name))
-                .cloned()
-                .with_context(|| format!("cargo build produced no `{name}` binary"))
-        };
+        let built = cargo_build_release(&["-p", "gateway", "-p", "loadgen"])?;
         Ok(Binaries {
-            gateway: find("gateway")?,
-            mock_upstream: find("mock-upstream")?,
-            loadgen: find("loadgen")?,
+            gateway: built.find("gateway")?,
+            mock_upstream: built.find("mock-upstream")?,
+            loadgen: built.find("loadgen")?,
         })
     }
 }

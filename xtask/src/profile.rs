@@ -131,7 +131,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let logs = work.path();
 
     let bins = Binaries::build()?;
-    let tracer_bin = build_tracer()?;
+    let tracer_bin =
+        procs::cargo_build_release(&["-p", "tracer", "--bin", "tracer"])?.find("tracer")?;
     let load_cpus = Some(args.placement.load_cpus.as_str());
 
     let mock = start_mock_upstream(&bins, load_cpus, args.delay_ms, logs)?;
@@ -326,38 +327,6 @@ fn command_line(args: &Args) -> String {
         line += &format!(" --out {}", out.display());
     }
     line
-}
-
-/// `cargo build --release -p tracer`, reading the binary's path from cargo's messages.
-fn build_tracer() -> anyhow::Result<PathBuf> {
-    eprintln!("xtask: cargo build --release -p tracer");
-    let output = Command::new(env!("CARGO"))
-        .current_dir(procs::workspace_root())
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "tracer",
-            "--bin",
-            "tracer",
-            "--message-format",
-            "json-render-diagnostics",
-        ])
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("running cargo build -p tracer")?;
-    ensure!(
-        output.status.success(),
-        "cargo build --release -p tracer failed ({})",
-        output.status
-    );
-    output
-        .stdout
-        .split(|&b| b == b'\n')
-        .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
-        .filter_map(|message| message["executable"].as_str().map(PathBuf::from))
-        .find(|path| path.file_name().is_some_and(|name| name == "tracer"))
-        .context("cargo build produced no `tracer` binary")
 }
 
 /// Starts `tracer record` on the load CPUs and waits until every program is attached.

@@ -16,7 +16,7 @@ pub struct Args {
     /// Output directory for requests.csv and breakdown.json.
     #[arg(long, default_value = "tracer-out")]
     out: PathBuf,
-    /// More `tracer record` flags (--sample-hz, --ring-mib, --offcpu-stacks), after `--`.
+    /// More `tracer record` flags (--phases, --offcpu-stacks, --sample-hz, --ring-mib), after `--`.
     #[arg(last = true)]
     rest: Vec<String>,
 }
@@ -29,7 +29,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     crate::setup::ensure()?;
-    let tracer = build_tracer()?;
+    let tracer =
+        crate::procs::cargo_build_release(&["-p", "tracer", "--bin", "tracer"])?.find("tracer")?;
     let mut command = Command::new(&tracer);
     command
         .args(["record", "--pid", &args.pid.to_string(), "--out"])
@@ -45,29 +46,4 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("tracer record failed ({status})");
     }
     Ok(())
-}
-
-/// Builds the release tracer and returns its path.
-pub fn build_tracer() -> anyhow::Result<PathBuf> {
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--release",
-            "--package",
-            "tracer",
-            "--bin",
-            "tracer",
-        ])
-        .status()
-        .context("running cargo build")?;
-    if !status.success() {
-        bail!("building the tracer failed ({status})");
-    }
-    Ok(target_dir().join("release/tracer"))
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
 }

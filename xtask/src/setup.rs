@@ -15,21 +15,29 @@ const LLVM: &str = "/usr/lib/llvm-22";
 pub struct Args {}
 
 pub fn run(_args: Args) -> anyhow::Result<()> {
-    ensure()
+    check(true)
 }
 
-/// Installs whatever of nightly + rust-src, llvm-22-dev and bpf-linker is missing.
+/// Installs whatever of nightly + rust-src, llvm-22-dev and bpf-linker is missing. Quiet when
+/// nothing is: the commands that call it print their own first lines.
 pub fn ensure() -> anyhow::Result<()> {
-    nightly_rust_src()?;
-    llvm_dev()?;
-    bpf_linker()?;
+    check(false)
+}
+
+/// `verbose`: also say what is already there (`cargo xtask setup`).
+fn check(verbose: bool) -> anyhow::Result<()> {
+    nightly_rust_src(verbose)?;
+    llvm_dev(verbose)?;
+    bpf_linker(verbose)?;
     Ok(())
 }
 
-fn nightly_rust_src() -> anyhow::Result<()> {
+fn nightly_rust_src(verbose: bool) -> anyhow::Result<()> {
     let installed = output("rustup", &["toolchain", "list"])?;
     if installed.lines().any(|line| line.starts_with("nightly")) {
-        println!("setup: nightly toolchain: installed");
+        if verbose {
+            println!("setup: nightly toolchain: installed");
+        }
     } else {
         println!("setup: nightly toolchain: missing, installing");
         run_checked(Command::new("rustup").args([
@@ -45,7 +53,9 @@ fn nightly_rust_src() -> anyhow::Result<()> {
         &["component", "list", "--installed", "--toolchain", "nightly"],
     )?;
     if components.lines().any(|line| line.trim() == "rust-src") {
-        println!("setup: nightly rust-src: installed");
+        if verbose {
+            println!("setup: nightly rust-src: installed");
+        }
     } else {
         println!("setup: nightly rust-src: missing, installing");
         run_checked(Command::new("rustup").args([
@@ -59,9 +69,11 @@ fn nightly_rust_src() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn llvm_dev() -> anyhow::Result<()> {
+fn llvm_dev(verbose: bool) -> anyhow::Result<()> {
     if Path::new(LLVM).join("lib").is_dir() {
-        println!("setup: llvm-22-dev: {LLVM} present");
+        if verbose {
+            println!("setup: llvm-22-dev: {LLVM} present");
+        }
         return Ok(());
     }
     println!("setup: llvm-22-dev: {LLVM} missing, installing with apt-get");
@@ -83,9 +95,11 @@ fn llvm_dev() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn bpf_linker() -> anyhow::Result<()> {
+fn bpf_linker(verbose: bool) -> anyhow::Result<()> {
     if let Some(path) = find_in_path("bpf-linker") {
-        println!("setup: bpf-linker: {}", path.display());
+        if verbose {
+            println!("setup: bpf-linker: {}", path.display());
+        }
         return Ok(());
     }
     println!("setup: bpf-linker: missing, building it against {LLVM}");

@@ -98,36 +98,11 @@ struct TracerBins {
 }
 
 fn build_tracer_bins() -> anyhow::Result<TracerBins> {
-    eprintln!("xtask: cargo build --release -p tracer --bins");
-    let output = Command::new(env!("CARGO"))
-        .current_dir(procs::workspace_root())
-        .args(["build", "--release", "-p", "tracer", "--bins"])
-        .args(["--message-format", "json-render-diagnostics"])
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running cargo build -p tracer")?;
-    ensure!(
-        output.status.success(),
-        "cargo build --release -p tracer failed ({})",
-        output.status
-    );
-    let executables: Vec<PathBuf> = output
-        .stdout
-        .split(|&b| b == b'\n')
-        .filter_map(|line| serde_json::from_slice::<Value>(line).ok())
-        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .collect();
-    let find = |name: &str| {
-        executables
-            .iter()
-            .find(|p| p.file_name().is_some_and(|f| f == name))
-            .cloned()
-            .with_context(|| format!("cargo build produced no `{name}` binary"))
-    };
+    let built = procs::cargo_build_release(&["-p", "tracer", "--bins"])?;
     Ok(TracerBins {
-        tracer: find("tracer")?,
-        crosscheck: find("crosscheck")?,
-        validate: find("tracer-validate")?,
+        tracer: built.find("tracer")?,
+        crosscheck: built.find("crosscheck")?,
+        validate: built.find("tracer-validate")?,
     })
 }
 
