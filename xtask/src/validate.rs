@@ -52,6 +52,13 @@ pub struct Args {
     /// Seconds of each A/B window.
     #[arg(long, default_value_t = 10.0, value_parser = flags::seconds)]
     window: f64,
+    /// A/B windows per arm for each of the other modes' cost (--phases, --offcpu-stacks,
+    /// --sample-hz 999, and all three as `profile` runs them); 0 skips them.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=50))]
+    mode_windows: u64,
+    /// Seconds of each of those windows.
+    #[arg(long, default_value_t = 5.0, value_parser = flags::seconds)]
+    mode_window: f64,
     /// Seconds of each loss run (100% and 150% of the traced max, and the forced-loss run).
     #[arg(long, default_value_t = 5.0, value_parser = flags::seconds)]
     loss_duration: f64,
@@ -115,6 +122,8 @@ struct Bench {
     key: String,
     work: PathBuf,
     load_cpus: String,
+    /// The CPU whose busy share the A/B windows read.
+    gateway_cpu: usize,
     runs: u64,
 }
 
@@ -211,6 +220,75 @@ impl Bench {
     }
 }
 
+impl Bench {
+    /// `per_arm` traced and `per_arm` untraced windows of `window` s at `rate`, in flipping
+    /// pairs (U T T U U T …) so drift falls on both arms; the tracer runs with `extra` flags.
+    fn ab_windows(
+        &mut self,
+        name: &str,
+        extra: &[&str],
+        rate: f64,
+        per_arm: usize,
+        window: f64,
+    ) -> anyhow::Result<Vec<Value>> {
+        let mut windows = Vec::new();
+        for i in 0..2 * per_arm {
+            let traced_arm = i % 4 == 1 || i % 4 == 2;
+            let tracer = if traced_arm {
+                Some(self.attach(&format!("{name}-{i}"), extra)?)
+            } else {
+                None
+            };
+            let (cpu_before, cpu0_before) = (
+                procstat::cpu_seconds(self.gateway.proc.pid()),
+                procstat::cpu_times(self.gateway_cpu),
+            );
+            let load = self.open_loop(rate, window, &[]);
+            let (cpu_after, cpu0_after) = (
+                procstat::cpu_seconds(self.gateway.proc.pid()),
+                procstat::cpu_times(self.gateway_cpu),
+            );
+            let breakdown = tracer.map(Traced::stop).transpose()?;
+            let load = load?;
+            let ok = load["ok"].as_f64().unwrap_or(0.0);
+            let cpu_s = cpu_after.zip(cpu_before).map(|(a, b)| a - b);
+            let window = json!({
+                "index": i,
+                "arm": if traced_arm { "traced" } else { "untraced" },
+                "p50_us": latency(&load, "p50"),
+                "p99_us": latency(&load, "p99"),
+                "p999_us": latency(&load, "p999"),
+                "max_us": latency(&load, "max"),
+                "ok": load["ok"],
+                "errors": load["errors"],
+                "achieved_rate": load["achieved_rate"],
+                "gateway_cpu_s": cpu_s,
+                "gateway_cpu_us_per_request": cpu_s.map(|s| s * 1e6 / ok.max(1.0)),
+                "gateway_cpu_share": cpu_s.map(|s| s / window),
+                "cpu0_busy": cpu0_before.zip(cpu0_after).map(|(b, a)| b.busy_share_until(&a)),
+                "tracer_lost_events": breakdown.as_ref().map(|(b, _)| b["lost_events"].clone()),
+                "tracer_requests": breakdown.as_ref().map(|(b, _)| b["requests"].clone()),
+            "tracer_hits_per_request": breakdown.as_ref().map(|(b, _)| b["hits_per_request"].clone()),
+            "tracer_bpf_ns_per_request": breakdown.as_ref().map(|(b, _)| {
+                b["cost"]["bpf"]["total_run_time_ns"].as_f64().unwrap_or(f64::NAN)
+                    / b["requests"].as_f64().unwrap_or(f64::NAN)
+            }),
+            });
+            eprintln!(
+                "xtask:   window {i} {}: p50 {:.0} µs p99 {:.0} µs, {:.1} µs CPU/request",
+                window["arm"].as_str().unwrap_or("?"),
+                window["p50_us"].as_f64().unwrap_or(f64::NAN),
+                window["p99_us"].as_f64().unwrap_or(f64::NAN),
+                window["gateway_cpu_us_per_request"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+            );
+            windows.push(window);
+        }
+        Ok(windows)
+    }
+}
+
 impl Traced {
     /// SIGINT, wait for its files, and return its breakdown.json.
     fn stop(mut self) -> anyhow::Result<(Value, PathBuf)> {
@@ -245,6 +323,70 @@ fn analysis(program: &Path, args: &[String]) -> anyhow::Result<Value> {
         String::from_utf8_lossy(&output.stderr).trim()
     );
     Ok(serde_json::from_slice(&output.stdout)?)
+}
+
+/// The tracer's options beyond the lean default, each costed on its own, and as `profile`
+/// runs them together.
+const MODES: [(&str, &[&str]); 4] = [
+    ("--phases", &["--phases"]),
+    ("--offcpu-stacks", &["--offcpu-stacks"]),
+    ("--sample-hz 999", &["--sample-hz", "999"]),
+    (
+        "profile (all three)",
+        &["--phases", "--offcpu-stacks", "--sample-hz", "999"],
+    ),
+];
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.retain(|v| v.is_finite());
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// One row of the cost-by-mode table, from a mode's A/B windows: the gateway's CPU per
+/// request traced/untraced (ratio of the arms' medians), the tracer's hits per request and
+/// BPF run time (medians of the traced windows), and calibrated probe time for those hits.
+fn mode_cost(name: &str, flags: &[&str], windows: &[Value], calibration: &Value) -> Value {
+    let arm = |traced: bool, key: &str| -> Vec<&Value> {
+        windows
+            .iter()
+            .filter(|w| (w["arm"] == "traced") == traced)
+            .map(|w| &w[key])
+            .collect()
+    };
+    let f = |values: Vec<&Value>| median(values.iter().filter_map(|v| v.as_f64()).collect());
+    let cpu = |traced| f(arm(traced, "gateway_cpu_us_per_request"));
+    let hits = arm(true, "tracer_hits_per_request");
+    let kinds = [
+        ("sites", "site"),
+        ("syscalls", "syscall"),
+        ("sock", "sock"),
+        ("sched", "sched"),
+    ];
+    let mut hits_json = serde_json::Map::new();
+    let mut probe_ns = 0.0;
+    for (kind, cal) in kinds.iter().chain(&[("samples", "")]) {
+        let per_request = f(hits.iter().map(|h| &h[*kind]).collect());
+        if !cal.is_empty() {
+            probe_ns += per_request * calibration["ns_per_hit"][*cal].as_f64().unwrap_or(f64::NAN);
+        }
+        hits_json.insert((*kind).to_owned(), json!(per_request));
+    }
+    let (traced, untraced) = (cpu(true), cpu(false));
+    json!({
+        "mode": name,
+        "flags": flags,
+        "windows_per_arm": windows.len() / 2,
+        "hits_per_request": hits_json,
+        "probe_ns_per_request": probe_ns,
+        "bpf_ns_per_request": f(arm(true, "tracer_bpf_ns_per_request")),
+        "gateway_cpu_us_per_request": {"untraced": untraced, "traced": traced},
+        "cpu_ratio": traced / untraced,
+    })
 }
 
 fn latency(loadgen: &Value, key: &str) -> f64 {
@@ -319,9 +461,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         key,
         work: work.path().to_owned(),
         load_cpus: args.placement.load_cpus.clone(),
+        gateway_cpu: first_cpu(&args.placement.gateway_cpus),
         runs: 0,
     };
-    let gateway_cpu = first_cpu(&args.placement.gateway_cpus);
 
     // 1. Max throughput, untraced.
     let (max_untraced, max_source) = match args.max_rate {
@@ -373,61 +515,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // An untraced settle window, discarded: the accuracy run's tracer exit and the
     // cross-check's read of the raw dump leave the machine busy for a moment.
     bench.open_loop(rate, window.min(5.0), &[])?;
-    let mut windows = Vec::new();
-    for i in 0..(2 * args.windows as usize) {
-        let traced_arm = i % 4 == 1 || i % 4 == 2;
-        let tracer = if traced_arm {
-            Some(bench.attach(&format!("ab-{i}"), &[])?)
-        } else {
-            None
-        };
-        let (cpu_before, cpu0_before) = (
-            procstat::cpu_seconds(gateway_pid),
-            procstat::cpu_times(gateway_cpu),
-        );
-        let load = bench.open_loop(rate, window, &[]);
-        let (cpu_after, cpu0_after) = (
-            procstat::cpu_seconds(gateway_pid),
-            procstat::cpu_times(gateway_cpu),
-        );
-        let breakdown = tracer.map(Traced::stop).transpose()?;
-        let load = load?;
-        let ok = load["ok"].as_f64().unwrap_or(0.0);
-        let cpu_s = cpu_after.zip(cpu_before).map(|(a, b)| a - b);
-        let window = json!({
-            "index": i,
-            "arm": if traced_arm { "traced" } else { "untraced" },
-            "p50_us": latency(&load, "p50"),
-            "p99_us": latency(&load, "p99"),
-            "p999_us": latency(&load, "p999"),
-            "max_us": latency(&load, "max"),
-            "ok": load["ok"],
-            "errors": load["errors"],
-            "achieved_rate": load["achieved_rate"],
-            "gateway_cpu_s": cpu_s,
-            "gateway_cpu_us_per_request": cpu_s.map(|s| s * 1e6 / ok.max(1.0)),
-            "gateway_cpu_share": cpu_s.map(|s| s / window),
-            "cpu0_busy": cpu0_before.zip(cpu0_after).map(|(b, a)| b.busy_share_until(&a)),
-            "tracer_lost_events": breakdown.as_ref().map(|(b, _)| b["lost_events"].clone()),
-            "tracer_requests": breakdown.as_ref().map(|(b, _)| b["requests"].clone()),
-        });
-        eprintln!(
-            "xtask:   window {i} {}: p50 {:.0} µs p99 {:.0} µs, {:.1} µs CPU/request",
-            window["arm"].as_str().unwrap_or("?"),
-            window["p50_us"].as_f64().unwrap_or(f64::NAN),
-            window["p99_us"].as_f64().unwrap_or(f64::NAN),
-            window["gateway_cpu_us_per_request"]
-                .as_f64()
-                .unwrap_or(f64::NAN),
-        );
-        windows.push(window);
-    }
+    let windows = bench.ab_windows("ab", &[], rate, args.windows as usize, window)?;
     let windows_json = work.path().join("windows.json");
     fs::write(&windows_json, serde_json::to_string(&windows)?)?;
     let ab = analysis(
         &bench.tracer.validate,
         &strings(&["ab", "--windows", &path_arg(&windows_json)]),
     )?;
+
+    // 3b. What each mode costs: the same A/B, shorter, per option.
+    let calibration = &accuracy_breakdown["calibration"];
+    let mut modes = vec![mode_cost("lean (default)", &[], &windows, calibration)];
+    let mode_window = if args.quick { 2.0 } else { args.mode_window };
+    let mode_runs = if args.mode_windows == 0 {
+        &[][..]
+    } else {
+        &MODES[..]
+    };
+    for (name, flags) in mode_runs {
+        eprintln!(
+            "xtask: [3/6] cost of {name}: {} windows of {mode_window} s per arm",
+            args.mode_windows
+        );
+        let mode_windows = bench.ab_windows(
+            &format!("mode-{}", modes.len()),
+            flags,
+            rate,
+            args.mode_windows as usize,
+            mode_window,
+        )?;
+        modes.push(mode_cost(name, flags, &mode_windows, calibration));
+    }
 
     // 4. Max throughput, traced.
     eprintln!("xtask: [4/6] max throughput, traced");
@@ -567,6 +685,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "settings": {
             "load": args.load, "quick": args.quick, "connections": CONNECTIONS,
             "accuracy_s": duration, "window_s": window, "windows_per_arm": args.windows,
+            "mode_window_s": mode_window, "mode_windows_per_arm": args.mode_windows,
             "loss_s": loss_s, "soak_s": soak, "workers": args.placement.workers,
             "forced_ring_mib": args.forced_ring_mib, "forced_stall_s": args.forced_stall,
         },
@@ -583,6 +702,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         "crosscheck": crosscheck,
         "ab": {"windows": windows, "comparison": ab},
+        "modes": modes,
         "calibration": accuracy_breakdown.get("calibration").cloned(),
         "cost": {
             "accuracy_run": accuracy_breakdown.get("cost").cloned(),
@@ -684,8 +804,15 @@ fn cpu_per_minute(samples: &[Value]) -> Vec<Value> {
 
 fn command_line(args: &Args) -> String {
     let mut line = format!(
-        "cargo xtask validate --load {} --duration {} --windows {} --window {} --loss-duration {} --soak {}",
-        args.load, args.duration, args.windows, args.window, args.loss_duration, args.soak
+        "cargo xtask validate --load {} --duration {} --windows {} --window {} --mode-windows {} --mode-window {} --loss-duration {} --soak {}",
+        args.load,
+        args.duration,
+        args.windows,
+        args.window,
+        args.mode_windows,
+        args.mode_window,
+        args.loss_duration,
+        args.soak
     );
     if args.quick {
         line += " --quick";

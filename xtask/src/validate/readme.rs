@@ -364,6 +364,48 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
         )?;
     }
 
+    // 3b. Cost by mode.
+    if let Some(modes) = v["modes"].as_array().filter(|m| !m.is_empty()) {
+        let per_arm = int(&v["settings"]["mode_windows_per_arm"]);
+        writeln!(
+            md,
+            "Cost by mode: the gateway's CPU per request in A/B windows at the same rate (the \
+             lean row is the A/B above; the others {per_arm} + {per_arm} windows of {} s each), \
+             the tracer's hits and BPF run time per complete request in the traced windows \
+             (medians), and the calibrated probe time of those hits.\n",
+            num(&v["settings"]["mode_window_s"], 0),
+        )?;
+        writeln!(
+            md,
+            "| mode | site hits / req | syscall / sock / sched hits | samples / req | probe µs / req (calibrated) | BPF µs / req | gateway CPU µs / req untraced → traced | ratio |\n|---|---|---|---|---|---|---|---|"
+        )?;
+        for m in modes {
+            let h = &m["hits_per_request"];
+            writeln!(
+                md,
+                "| {} | {} | {} / {} / {} | {} | {} | {} | {} → {} | **{}** |",
+                m["mode"].as_str().unwrap_or("?"),
+                num(&h["sites"], 1),
+                num(&h["syscalls"], 1),
+                num(&h["sock"], 1),
+                num(&h["sched"], 1),
+                num(&h["samples"], 2),
+                num(
+                    &json_f64(m["probe_ns_per_request"].as_f64().unwrap_or(f64::NAN) / 1e3),
+                    1
+                ),
+                num(
+                    &json_f64(m["bpf_ns_per_request"].as_f64().unwrap_or(f64::NAN) / 1e3),
+                    1
+                ),
+                num(&m["gateway_cpu_us_per_request"]["untraced"], 1),
+                num(&m["gateway_cpu_us_per_request"]["traced"], 1),
+                num(&m["cpu_ratio"], 3),
+            )?;
+        }
+        writeln!(md)?;
+    }
+
     // 4. Loss.
     writeln!(md, "## 4. Loss\n")?;
     writeln!(
