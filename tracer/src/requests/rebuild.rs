@@ -12,8 +12,8 @@
 //!   (accepted, or the fd of some request's `RequestBegin`) and was not since reconnected.
 //! - Without `Phase` sites (the lean default) on-CPU time is one part, `cpu`; with them it is
 //!   `cpu.<phase>`, the phase being the last one entered (phases do not nest).
-//! - `t_done` is the enter of the first *successful* send on the client fd after the final
-//!   `PollExit(ready=1)` (a send returning an error sent nothing).
+//! - `t_done` is the enter of the first *successful* send on the client fd after
+//!   `RequestEnd` (a send returning an error sent nothing).
 //! - A gap between polls is explained by what the request had started by the `PollExit` that
 //!   began it: a ledger enqueue `E` → `[gap, E)` blocked_other, `[E, D)` the writer split,
 //!   `[D, gap end)` scheduling; else, once the upstream send `S` (or the connect of a fresh
