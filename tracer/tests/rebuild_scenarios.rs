@@ -333,10 +333,7 @@ fn writer_preempts_the_worker_inside_its_poll_and_signs() {
 fn preemption_and_a_blocked_switch_out_during_a_poll() {
     // No phase sites: all on-CPU time is the one `cpu` part.
     let mut s = Stream::new();
-    s.data_ready(1000, 0xc1)
-        .sock_fd(1005, 101, 0xc1, 10)
-        .recv(1000, 1010, 101, 10, 100)
-        .request_begin(1100, 101, 1, 10)
+    read_and_begin(&mut s, 0, 101, 1, 10, 0xc1)
         .switch_out(1400, 101, true)
         .switch_in(1500, 101)
         .sample(1550, 101)
@@ -397,10 +394,7 @@ fn preemption_and_a_blocked_switch_out_during_a_poll() {
 #[test]
 fn upstream_span_overrides_everything_inside_it() {
     let mut s = Stream::new();
-    s.data_ready(1000, 0xc1)
-        .sock_fd(1005, 101, 0xc1, 10)
-        .recv(1000, 1010, 101, 10, 100)
-        .request_begin(1100, 101, 1, 10)
+    read_and_begin(&mut s, 0, 101, 1, 10, 0xc1)
         .phase(1600, 101, 1, Phase::Upstream)
         // Sent from inside the poll on a pooled connection.
         .sock_fd(1655, 101, 0xd1, 20)
@@ -439,10 +433,7 @@ fn reply_before_the_send_syscall_returns() {
     // Events are stamped at syscall exit: the reply's data-ready precedes the send's event.
     // A fresh connection: connect in poll 1, the send in poll 2 (migrated to thread 102).
     let mut s = Stream::new();
-    s.data_ready(1000, 0xc1)
-        .sock_fd(1005, 101, 0xc1, 10)
-        .recv(1000, 1010, 101, 10, 100)
-        .request_begin(1100, 101, 1, 10)
+    read_and_begin(&mut s, 0, 101, 1, 10, 0xc1)
         .phase(1300, 101, 1, Phase::Upstream)
         .syscall(1350, 1360, 101, syscall::CONNECT, 20, EINPROGRESS)
         .poll_exit(1400, 101, 1)
@@ -472,11 +463,17 @@ fn reply_before_the_send_syscall_returns() {
     assert_consistent(&r);
 }
 
-fn simple(s: &mut Stream, t0: u64, req: u64, fd: u64, sk: u64) {
+/// Request `req` arrives on `fd` (socket `sk`) at `t0 + 1000`, is read by `tid` in
+/// `[t0 + 1000, t0 + 1010]`, and begins at `t0 + 1100`: its first poll starts there.
+fn read_and_begin(s: &mut Stream, t0: u64, tid: u32, req: u64, fd: u64, sk: u64) -> &mut Stream {
     s.data_ready(t0 + 1000, sk)
-        .sock_fd(t0 + 1005, 101, sk, fd)
-        .recv(t0 + 1000, t0 + 1010, 101, fd, 100)
-        .request_begin(t0 + 1100, 101, req, fd)
+        .sock_fd(t0 + 1005, tid, sk, fd)
+        .recv(t0 + 1000, t0 + 1010, tid, fd, 100)
+        .request_begin(t0 + 1100, tid, req, fd)
+}
+
+fn simple(s: &mut Stream, t0: u64, req: u64, fd: u64, sk: u64) {
+    read_and_begin(s, t0, 101, req, fd, sk)
         .request_end(t0 + 1400, 101, req, 200)
         .send(t0 + 1500, t0 + 1510, 101, fd, 100);
 }
@@ -834,10 +831,7 @@ fn phases_stream(traced: bool) -> Stream {
             s.phase(ts, 101, 1, p);
         }
     };
-    s.data_ready(1000, 0xc1)
-        .sock_fd(1005, 101, 0xc1, 10)
-        .recv(1000, 1010, 101, 10, 100)
-        .request_begin(1100, 101, 1, 10);
+    read_and_begin(&mut s, 0, 101, 1, 10, 0xc1);
     phase(&mut s, 1150, Phase::Auth);
     phase(&mut s, 1200, Phase::Parse);
     s.switch_out(1250, 101, true).switch_in(1280, 101);
@@ -952,10 +946,7 @@ fn first_poll_starts_at_begin_and_last_ends_at_end() {
     // No PollEnter for the first poll and no PollExit for the last: request_begin and
     // request_end are those bounds.
     let mut s = Stream::new();
-    s.data_ready(1000, 0xc1)
-        .sock_fd(1005, 101, 0xc1, 10)
-        .recv(1000, 1010, 101, 10, 100)
-        .request_begin(1100, 101, 1, 10)
+    read_and_begin(&mut s, 0, 101, 1, 10, 0xc1)
         // Inside poll 1 already: a sample, a preemption, and the upstream send.
         .sample(1110, 101)
         .switch_out(1120, 101, true)
@@ -1025,10 +1016,7 @@ fn a_sample_before_the_first_phase_site_is_parse_in_a_traced_request() {
     // must say parse too, or the flamegraph roots it under `cpu`, a part this request has
     // not.
     let mut s = Stream::new();
-    s.data_ready(1000, 0xc1)
-        .sock_fd(1005, 101, 0xc1, 10)
-        .recv(1000, 1010, 101, 10, 100)
-        .request_begin(1100, 101, 1, 10)
+    read_and_begin(&mut s, 0, 101, 1, 10, 0xc1)
         .sample(1150, 101)
         .phase(1200, 101, 1, Phase::Auth)
         .sample(1250, 101)
