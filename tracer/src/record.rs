@@ -145,7 +145,8 @@ impl Rebuild {
 
 /// The reader only needs throughput (the ring holds seconds of events), so it runs as
 /// SCHED_IDLE: any other task on its CPU, a load generator or the system's own work, runs
-/// first. Set after calibration, whose loops time themselves.
+/// first. Set once attached: calibration times itself, and a starved attach would let a
+/// short-lived target exit before it is traced.
 fn yield_cpu_to_others() -> anyhow::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: plain syscall on this thread, with a valid sched_param.
@@ -185,7 +186,6 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     };
     // Before attaching, so the target's probes do not run during the calibration loops.
     let calibration = crate::calibrate::before_attach(args.no_calibrate)?;
-    yield_cpu_to_others()?;
     let mut session = Session::attach(&target, &options)?;
     eprintln!("tracer: mode {}", options.mode());
     for mode in &session.modes {
@@ -224,6 +224,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     // runs before the loop is done, so load started after it is traced from its first request.
     let ids: Vec<String> = session.program_ids().iter().map(u32::to_string).collect();
     eprintln!("tracer: program ids {}", ids.join(","));
+    // Attached: from here on the tracer only reads, and that can wait for others.
+    yield_cpu_to_others()?;
     let started = Instant::now();
     let mut last_report = (Instant::now(), 0u64, 0u64);
     let reason = loop {
