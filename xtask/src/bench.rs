@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::machine::{Machine, filesystem_of, load_average};
 use crate::procs::{Binaries, init_demo_db, run_loadgen, start_gateway, start_mock_upstream};
+use crate::procstat;
 
 /// The gate: added p99 latency below this, in µs.
 const GATE_P99_ADDED_US: f64 = 1_000.0;
@@ -171,6 +172,10 @@ struct Row {
     receipts_at_start: u64,
     receipts_at_end: u64,
     wal_bytes_after: u64,
+    /// The gateway's CPU time (user + system, /proc/PID/stat) over the row's loadgen run,
+    /// warm-up included, per request sent. Absent from older results.json.
+    #[serde(default)]
+    gateway_cpu_us_per_request: Option<f64>,
     /// PASS, FAIL, FAIL (errors) or INVALID.
     gate: String,
     /// Why the row is INVALID. Absent from older results.json; `judge` recomputes it.
@@ -403,7 +408,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 start_gateway(&bins, Some(&args.gateway_cpus), &db, args.workers, &row_dir)?;
             let mut gateway_run = loadgen_args(&gateway.url, Some(&key), false);
             gateway_run.extend(shape.flags(&timing, &gateway_json));
+            let cpu_before = procstat::cpu_seconds(gateway.proc.pid());
             run_loadgen(&bins, load_cpus, &gateway_run, loadgen_timeout, &row_dir)?;
+            let cpu_s = procstat::cpu_seconds(gateway.proc.pid())
+                .zip(cpu_before)
+                .map(|(after, before)| after - before);
             // Before stopping: a clean shutdown may checkpoint and shrink the WAL.
             let wal_bytes_after = file_len(&row_dir.join(format!("{LEDGER_FILE}-wal")));
             gateway.proc.stop()?;
@@ -415,6 +424,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             run_loadgen(&bins, load_cpus, &direct_run, loadgen_timeout, &row_dir)?;
 
             let gateway_side = Side::read(&gateway_json)?;
+            let gateway_side_sent = gateway_side.sent;
             let direct_side = Side::read(&direct_json)?;
             let added = Added {
                 p50_us: gateway_side.p50_us - direct_side.p50_us,
@@ -441,6 +451,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 receipts_at_start: receipts_in_template,
                 receipts_at_end,
                 wal_bytes_after,
+                gateway_cpu_us_per_request: cpu_s
+                    .map(|s| s * 1e6 / gateway_side_sent.max(1) as f64),
                 gate,
                 invalid_reason: None,
             };
@@ -748,7 +760,7 @@ fn markdown(results: &Results) -> String {
         r.gate_p99_added_us,
         MIN_ACHIEVED_SHARE * 100.0
     );
-    md += "| mode | delay | load | target req/s | achieved req/s | errors | total p50 | total p99 | total p99.9 | added p50 | added p99 | added p99.9 | gate |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    md += "| mode | delay | load | target req/s | achieved req/s | errors | total p50 | total p99 | total p99.9 | added p50 | added p99 | added p99.9 | gate | gateway CPU µs / req |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for row in &r.rows {
         let g = &row.gateway;
         let added = |pick: fn(&Added) -> f64| {
@@ -757,7 +769,7 @@ fn markdown(results: &Results) -> String {
                 .map_or_else(|| "—".to_owned(), |a| format!("{:.0}", pick(a)))
         };
         md += &format!(
-            "| {} | {} ms | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |\n",
+            "| {} | {} ms | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} |\n",
             row.mode,
             row.delay_ms,
             row.load,
@@ -771,7 +783,9 @@ fn markdown(results: &Results) -> String {
             added(|a| a.p50_us),
             added(|a| a.p99_us),
             added(|a| a.p999_us),
-            row.gate
+            row.gate,
+            row.gateway_cpu_us_per_request
+                .map_or_else(|| "—".to_owned(), |us| format!("{us:.1}")),
         );
     }
     for row in r.rows.iter().filter(|row| !row.is_valid()) {
@@ -1087,6 +1101,7 @@ mod tests {
             receipts_at_start: 0,
             receipts_at_end: 0,
             wal_bytes_after: 0,
+            gateway_cpu_us_per_request: Some(50.0),
             gate: "FAIL (errors)".to_owned(),
             invalid_reason: None,
         };

@@ -4,6 +4,7 @@ mod bench;
 mod flags;
 mod machine;
 mod procs;
+mod procstat;
 mod profile;
 mod run_tracer;
 mod session_dir;

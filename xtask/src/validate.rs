@@ -13,7 +13,6 @@
 //!
 //! Writes `profiles/validation-<date>/validation.json` and `README.md`.
 
-mod procstat;
 mod readme;
 
 use std::fs;
@@ -32,6 +31,7 @@ use crate::procs::{
     self, Binaries, Gateway, MockUpstream, TracerProc, init_demo_db, run_loadgen, start_gateway,
     start_mock_upstream, start_tracer,
 };
+use crate::procstat;
 
 /// Open-loop keep-alive connections (as `xtask profile`).
 const CONNECTIONS: u64 = 32;
