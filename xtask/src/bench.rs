@@ -29,6 +29,8 @@ const OPEN_FRACTIONS: [f64; 3] = [0.25, 0.50, 0.75];
 /// An open-loop side that achieved less than this share of its target rate did not run the
 /// load it was asked for.
 const MIN_ACHIEVED_SHARE: f64 = 0.95;
+/// A direct (load side only) run sent later than this at p99 fell behind by itself.
+const MAX_DIRECT_SEND_LAG_US: f64 = 1000.0;
 /// Open loop connections: enough that at 75% of max with a 5 ms upstream no request queues
 /// in loadgen for want of a connection. 128 could not: ~20,700 req/s × 5.2-6.4 ms is 110-130
 /// in flight before the gateway queues at all, and both sides of that row fell behind (in a 3 s
@@ -214,6 +216,27 @@ fn invalid_reason(target_rate: Option<f64>, gateway: &Side, direct: &Side) -> Op
                 "the {name} side achieved {:.0} of {target:.0} req/s ({:.0}%)",
                 side.achieved_rate,
                 100.0 * side.achieved_rate / target
+            ));
+        }
+    }
+    // The baseline is what the load side alone costs: if loadgen sent it late, or it came out
+    // slower than the gateway's run, the load side set these latencies, not the gateway.
+    if let Some(lag) = direct
+        .send_lag_p99_us
+        .filter(|&lag| lag > MAX_DIRECT_SEND_LAG_US)
+    {
+        reasons.push(format!(
+            "loadgen sent the direct side late (send lag p99 {lag:.0} µs)"
+        ));
+    }
+    for (name, g, d) in [
+        ("p50", gateway.p50_us, direct.p50_us),
+        ("p99", gateway.p99_us, direct.p99_us),
+        ("p99.9", gateway.p999_us, direct.p999_us),
+    ] {
+        if d > g {
+            reasons.push(format!(
+                "the direct side was slower than the gateway at {name} ({d:.0} vs {g:.0} µs)"
             ));
         }
     }
@@ -756,7 +779,7 @@ fn markdown(results: &Results) -> String {
     }
 
     md += &format!(
-        "\n## Results\n\nLatency in µs. Added = gateway − direct at the same percentile. Gate: added p99 < {:.0} µs, and no errors. A row where either side fell behind (requests left unsent, or an open loop under {:.0}% of its target rate) did not run the load it names: it is INVALID, with no added figures and no verdict.\n\n",
+        "\n## Results\n\nLatency in µs. Added = gateway − direct at the same percentile. Gate: added p99 < {:.0} µs, and no errors. A row where either side fell behind (requests left unsent, or an open loop under {:.0}% of its target rate), or whose direct baseline is not one (sent more than 1 ms late at p99, or slower than the gateway at a percentile), did not measure the gateway: it is INVALID, with no added figures and no verdict.\n\n",
         r.gate_p99_added_us,
         MIN_ACHIEVED_SHARE * 100.0
     );
@@ -1047,6 +1070,45 @@ mod tests {
         // The closed loop has no target rate: any achieved rate is what it measures.
         assert_eq!(
             invalid_reason(None, &side(10.0, &[]), &side(5.0, &[])),
+            None
+        );
+    }
+
+    #[test]
+    fn a_direct_baseline_that_is_not_one_makes_a_row_invalid() {
+        let gateway = Side {
+            p50_us: 500.0,
+            p99_us: 2000.0,
+            p999_us: 3000.0,
+            ..side(1000.0, &[])
+        };
+        // Slower than the gateway at p99: the load side set the latencies.
+        let slow = Side {
+            p50_us: 100.0,
+            p99_us: 30_000.0,
+            p999_us: 2000.0,
+            ..side(1000.0, &[])
+        };
+        let reason = invalid_reason(Some(1000.0), &gateway, &slow).unwrap();
+        assert!(
+            reason.contains("slower than the gateway at p99"),
+            "{reason}"
+        );
+        assert!(!reason.contains("at p50"), "{reason}");
+        // Sent late by loadgen itself.
+        let late = Side {
+            send_lag_p99_us: Some(1500.0),
+            ..side(1000.0, &[])
+        };
+        let reason = invalid_reason(Some(1000.0), &gateway, &late).unwrap();
+        assert!(reason.contains("send lag p99 1500"), "{reason}");
+        // The gateway side's own send lag is its queueing, charged to it: not a reason.
+        let queued = Side {
+            send_lag_p99_us: Some(50_000.0),
+            ..gateway.clone()
+        };
+        assert_eq!(
+            invalid_reason(Some(1000.0), &queued, &side(1000.0, &[])),
             None
         );
     }
