@@ -11,5 +11,5 @@ pub mod record;
 pub mod report;
 pub mod requests;
 pub mod symbolize;
-pub mod timeline;
+pub mod trace_json;
 pub mod validate;

@@ -9,7 +9,7 @@ use std::path::Path;
 use tracer::flame::{Bands, FlameSession};
 use tracer::requests::{Hits, OffCpu, PARTS, Part, RequestRecord, Slice, StackSample};
 use tracer::symbolize::Symbolizer;
-use tracer::timeline::ThreadNames;
+use tracer::trace_json::ThreadNames;
 use tracer_ebpf::sites::Phase;
 
 #[inline(never)]

@@ -1,5 +1,5 @@
 //! Tail pictures of a session: flamegraphs of where the slowest requests spent their time on
-//! and off CPU, a differential graph against the median band, and a timeline of the 20
+//! and off CPU, a differential graph against the median band, and trace.json (a timeline) of the 20
 //! slowest and 20 median requests.
 //!
 //! The session pushes every complete request as it arrives ([`FlameSession::push`]); only a
@@ -22,14 +22,14 @@ use serde_json::json;
 
 use crate::requests::RequestRecord;
 use crate::symbolize::{StackSource, Symbolizer};
-use crate::timeline::{self, Group, ThreadNames, TraceSummary};
+use crate::trace_json::{self, Group, ThreadNames, TraceSummary};
 
 use fold::{Folded, StackCounts};
 use render::Picture;
 use spill::Spill;
 pub use spill::SpilledRequest;
 
-/// How many requests of each group the timeline shows.
+/// How many requests of each group trace.json shows.
 pub const TRACE_REQUESTS_PER_GROUP: usize = 20;
 
 /// The tail and median bands, shared with breakdown.json's tail view (one definition).
@@ -236,7 +236,7 @@ impl FlameSession {
             .map(|(_, _, r)| (Group::Slowest, r))
             .chain(closest.iter().map(|(_, _, Keep(r))| (Group::Median, r)))
             .collect();
-        summary.trace = timeline::write_trace(
+        summary.trace = trace_json::write_trace(
             &self.out_dir.join(files::TRACE),
             &selected,
             threads,
@@ -279,7 +279,7 @@ impl Pictures {
             session: FlameSession::create(out_dir)?,
             symbolizer: Symbolizer::for_process(pid)
                 .context("snapshotting the target's mappings")?,
-            threads: timeline::read_thread_names(pid),
+            threads: trace_json::read_thread_names(pid),
             pid,
         })
     }
@@ -291,7 +291,7 @@ impl Pictures {
     /// Draws every picture. `stacks` is the session's stack-trace map (it outlives detach).
     pub fn finish(mut self, bands: &Bands, stacks: &dyn StackSource) -> Result<FlameSummary> {
         // Threads started after attach (or renamed) are named too, if the target still runs.
-        self.threads.extend(timeline::read_thread_names(self.pid));
+        self.threads.extend(trace_json::read_thread_names(self.pid));
         self.session
             .finish(bands, stacks, &mut self.symbolizer, &self.threads, self.pid)
     }

@@ -1,6 +1,6 @@
 //! A compact on-disk log of what the pictures need from each complete request, so a long
 //! session stays bounded in memory: the tail threshold is only known at the end, and the
-//! flamegraphs and the timeline are built in one read pass over this file.
+//! flamegraphs and trace.json are built in one read pass over this file.
 //!
 //! Format: one record per request, `varint(len) ++ body`; all integers are LEB128 varints,
 //! signed ones (stack ids, times that could precede `t_arrive`) zigzag-encoded. The file is
