@@ -1,6 +1,6 @@
 //! Tail pictures of a session: flamegraphs of where the slowest requests spent their time on
-//! and off CPU, a differential graph against the median band, and trace.json (a timeline) of the 20
-//! slowest and 20 median requests.
+//! and off CPU, a differential graph against the median band, and trace.json: the 20 slowest
+//! and 20 median requests on a timeline.
 //!
 //! The session pushes every complete request as it arrives ([`FlameSession::push`]); only a
 //! compact spill file grows with the session (memory stays flat). At the end the tail
