@@ -88,8 +88,7 @@ pub fn now() -> u64 {
 
 /// Adds one to a per-CPU counter. A plain add is enough: every program here (classic
 /// tracepoint, uprobe, perf_event) runs only while the CPU's `bpf_prog_active` was 0, so none
-/// interrupts another on the same CPU (a sample that would is skipped and counted by the
-/// kernel as the program's recursion miss instead).
+/// interrupts another on the same CPU (the kernel skips a program that would).
 #[inline(always)]
 fn bump(counter: *mut u64) {
     // SAFETY: `counter` points into a live per-CPU map value, touched only on this CPU.

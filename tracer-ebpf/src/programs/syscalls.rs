@@ -2,13 +2,13 @@
 //! run on every syscall of the machine). Enter stores (ts, fd) per tid; exit emits one
 //! `SYSCALL` event with [enter ts, fd, ret].
 
+use core::mem::offset_of;
+
 use aya_ebpf::{
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
 };
-use core::mem::offset_of;
-
 use tracer_ebpf::{
     abi::{Drops, kind, syscall},
     tracepoints::{SYS_ENTER_FD, SYS_EXIT_RET},
