@@ -156,18 +156,6 @@ fn yield_cpu_to_others() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// User and system CPU seconds this process has used.
-fn own_cpu_seconds() -> (f64, f64) {
-    // SAFETY: zeroed rusage is valid; getrusage fills it.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    (seconds(usage.ru_utime), seconds(usage.ru_stime))
-}
-
 pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     // Privileges first: without them the first failure is an unreadable /proc/PID/exe, which
     // does not say what to do.
@@ -286,7 +274,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         stream.counters.malformed,
     );
     eprintln!("tracer: events {}", sink.tally.summary());
-    let (user_s, system_s) = own_cpu_seconds();
+    let (user_s, system_s) = crate::validate::cost::own_cpu_seconds();
     eprintln!("tracer: own cpu {user_s:.2}s user + {system_s:.2}s system");
     let kernel_drops = crate::events::drops::read(&drops)?;
     let unclaimed = sink.rebuilder.established_unclaimed();

@@ -319,8 +319,13 @@ impl Rebuilder {
         out
     }
 
+    /// The request `tid` is polling (innermost), if any.
+    fn polled_id(&self, tid: u32) -> Option<u64> {
+        self.polling.get(&tid)?.last().copied()
+    }
+
     fn polled_by(&mut self, tid: u32) -> Option<&mut OpenRequest> {
-        let id = *self.polling.get(&tid)?.last()?;
+        let id = self.polled_id(tid)?;
         self.open.get_mut(&id)
     }
 
@@ -540,12 +545,8 @@ impl Rebuilder {
     /// The request an fd event belongs to: the one polled on `tid`, else the one whose client
     /// or upstream connection `fd` is.
     fn owner_of(&self, tid: u32, fd: Option<u64>) -> Option<u64> {
-        let polled = self
-            .polling
-            .get(&tid)
-            .and_then(|s| s.last())
-            .filter(|id| self.open.contains_key(id));
-        polled.copied().or_else(|| {
+        let polled = self.polled_id(tid).filter(|id| self.open.contains_key(id));
+        polled.or_else(|| {
             let fd = fd?;
             self.by_client_fd
                 .get(&fd)
@@ -596,7 +597,7 @@ impl Rebuilder {
         if self.sockets.is_client(fd) {
             return;
         }
-        let Some(&id) = self.polling.get(&tid).and_then(|s| s.last()) else {
+        let Some(id) = self.polled_id(tid) else {
             return;
         };
         let Some(r) = self.open.get_mut(&id) else {
