@@ -26,10 +26,12 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     let Some(config) = config() else {
         return 0;
     };
-    let ts = now();
+    // Most switches on the machine are not the target's: the clock is read only for ours.
+    let mut ts = 0;
     // The tracepoint runs in prev's context, so `current` is prev.
     let (tgid, prev_tid) = current();
     if tgid == config.tgid {
+        ts = now();
         let prev_state: i64 = field(&ctx, SWITCH_PREV_STATE);
         let runnable = u16::from(prev_state & TASK_STATE_MASK == 0);
         let (kernel_stack, user_stack) = if config.offcpu_stacks == 1 {
@@ -53,6 +55,9 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     }
     let next_tid = field::<i32>(&ctx, SWITCH_NEXT_PID) as u32;
     if next_tid != 0 && is_target_tid(next_tid) {
+        if ts == 0 {
+            ts = now();
+        }
         emit(ts, next_tid, kind::SWITCH_IN, 0, [0; 3]);
     }
     0
