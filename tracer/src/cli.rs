@@ -5,6 +5,8 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};
 
+use crate::attach::Group;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "tracer",
@@ -50,6 +52,16 @@ pub struct RecordArgs {
     /// Also write every event read, 40 bytes each, to this file (for `crosscheck`).
     #[arg(long)]
     pub raw_events: Option<PathBuf>,
+    /// Turn on the kernel's BPF run-time statistics for the session: each program's runs and
+    /// run time in breakdown.json's `cost`. They add two clock reads to every program run
+    /// (~50 ns here), so they are off by default.
+    #[arg(long)]
+    pub bpf_stats: bool,
+    /// Leave a group of hooks unattached (repeatable), to measure what the rest costs, as
+    /// `cargo xtask validate`'s floor rows do. The split needs every group, so such a session
+    /// only measures cost: its requests do not rebuild.
+    #[arg(long, value_enum, value_name = "GROUP")]
+    pub skip: Vec<Group>,
     /// Skip the probe-cost calibration (~1-2 s before attaching) and its breakdown.json section.
     #[arg(long)]
     pub no_calibrate: bool,

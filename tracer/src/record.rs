@@ -171,11 +171,15 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         ring_bytes: args.ring_mib << 20,
         offcpu_stacks: args.offcpu_stacks,
         phases: args.phases,
+        skip: args.skip.clone(),
     };
     // Before attaching, so the target's probes do not run during the calibration loops.
     let calibration = crate::calibrate::before_attach(args.no_calibrate)?;
     let mut session = Session::attach(&target, &options)?;
     eprintln!("tracer: mode {}", options.mode());
+    if !options.skip.is_empty() {
+        eprintln!("tracer: --skip: this session measures cost only; its requests will not rebuild");
+    }
     for mode in &session.modes {
         eprintln!("tracer: attach {mode}");
     }
@@ -205,7 +209,11 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         writer: SessionWriter::create(&args.out, meta)?,
         pictures: Pictures::start(args.pid, &args.out)?,
         tally: Tally::default(),
-        hooks: Hooks::start(args.raw_events.as_deref(), session.program_ids())?,
+        hooks: Hooks::start(
+            args.raw_events.as_deref(),
+            session.program_ids(),
+            args.bpf_stats,
+        )?,
     };
 
     // The ready line (xtask profile and the tests wait for it): printed once everything that

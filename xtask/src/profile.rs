@@ -349,6 +349,8 @@ fn start_tracer(
         // README's mode line); `run-tracer` defaults to the lean set.
         "--offcpu-stacks",
         "--phases",
+        // The README's BPF run time (stats add ~50 ns a program run).
+        "--bpf-stats",
     ]);
     eprintln!("xtask: attaching the tracer to pid {pid}");
     procs::start_tracer(bin, Some(&args.placement.load_cpus), &flags, logs)

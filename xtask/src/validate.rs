@@ -269,10 +269,6 @@ impl Bench {
                 "tracer_lost_events": breakdown.as_ref().map(|(b, _)| b["lost_events"].clone()),
                 "tracer_requests": breakdown.as_ref().map(|(b, _)| b["requests"].clone()),
             "tracer_hits_per_request": breakdown.as_ref().map(|(b, _)| b["hits_per_request"].clone()),
-            "tracer_bpf_ns_per_request": breakdown.as_ref().map(|(b, _)| {
-                b["cost"]["bpf"]["total_run_time_ns"].as_f64().unwrap_or(f64::NAN)
-                    / b["requests"].as_f64().unwrap_or(f64::NAN)
-            }),
             });
             eprintln!(
                 "xtask:   window {i} {}: p50 {:.0} µs p99 {:.0} µs, {:.1} µs CPU/request",
@@ -286,6 +282,30 @@ impl Bench {
             windows.push(window);
         }
         Ok(windows)
+    }
+}
+
+impl Bench {
+    /// One traced window with BPF run-time stats on, kept out of the A/B (the stats cost
+    /// each program run two clock reads): BPF ns per answered request (client side, since a
+    /// `--skip` session rebuilds no request).
+    fn bpf_window(
+        &mut self,
+        name: &str,
+        extra: &[&str],
+        rate: f64,
+        window: f64,
+    ) -> anyhow::Result<f64> {
+        let mut flags = extra.to_vec();
+        flags.push("--bpf-stats");
+        let tracer = self.attach(name, &flags)?;
+        let load = self.open_loop(rate, window, &[]);
+        let (breakdown, _) = tracer.stop()?;
+        let ok = load?["ok"].as_f64().unwrap_or(f64::NAN);
+        Ok(breakdown["cost"]["bpf"]["total_run_time_ns"]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+            / ok)
     }
 }
 
@@ -326,8 +346,9 @@ fn analysis(program: &Path, args: &[String]) -> anyhow::Result<Value> {
 }
 
 /// The tracer's options beyond the lean default, each costed on its own, and as `profile`
-/// runs them together.
-const MODES: [(&str, &[&str]); 4] = [
+/// runs them together; then the floor: the lean set split into its uprobes and its
+/// tracepoints (`--skip`: cost only, no requests rebuild).
+const MODES: [(&str, &[&str]); 6] = [
     ("--phases", &["--phases"]),
     ("--offcpu-stacks", &["--offcpu-stacks"]),
     ("--sample-hz 999", &["--sample-hz", "999"]),
@@ -335,7 +356,17 @@ const MODES: [(&str, &[&str]); 4] = [
         "profile (all three)",
         &["--phases", "--offcpu-stacks", "--sample-hz", "999"],
     ),
+    (SKIP_SITES.0, SKIP_SITES.1),
+    (
+        "sites only (floor)",
+        &[
+            "--skip", "sched", "--skip", "syscalls", "--skip", "sockets", "--skip", "samples",
+        ],
+    ),
 ];
+
+/// The lean set without its uprobes: what the kernel events alone cost.
+const SKIP_SITES: (&str, &[&str]) = ("tracepoints only (floor)", &["--skip", "sites"]);
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.retain(|v| v.is_finite());
@@ -348,9 +379,16 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// One row of the cost-by-mode table, from a mode's A/B windows: the gateway's CPU per
-/// request traced/untraced (ratio of the arms' medians), the tracer's hits per request and
-/// BPF run time (medians of the traced windows), and calibrated probe time for those hits.
-fn mode_cost(name: &str, flags: &[&str], windows: &[Value], calibration: &Value) -> Value {
+/// request traced/untraced (ratio of the arms' medians), the tracer's hits per request
+/// (median of the traced windows), calibrated probe time for those hits, and the BPF run time
+/// per request of a separate stats window.
+fn mode_cost(
+    name: &str,
+    flags: &[&str],
+    windows: &[Value],
+    calibration: &Value,
+    bpf_ns_per_request: f64,
+) -> Value {
     let arm = |traced: bool, key: &str| -> Vec<&Value> {
         windows
             .iter()
@@ -377,13 +415,19 @@ fn mode_cost(name: &str, flags: &[&str], windows: &[Value], calibration: &Value)
         hits_json.insert((*kind).to_owned(), json!(per_request));
     }
     let (traced, untraced) = (cpu(true), cpu(false));
+    // A `--skip` session rebuilds no request, so it has no hits to count.
+    let (hits_json, probe_ns) = if flags.contains(&"--skip") {
+        (Value::Null, Value::Null)
+    } else {
+        (Value::Object(hits_json), json!(probe_ns))
+    };
     json!({
         "mode": name,
         "flags": flags,
         "windows_per_arm": windows.len() / 2,
         "hits_per_request": hits_json,
         "probe_ns_per_request": probe_ns,
-        "bpf_ns_per_request": f(arm(true, "tracer_bpf_ns_per_request")),
+        "bpf_ns_per_request": bpf_ns_per_request,
         "gateway_cpu_us_per_request": {"untraced": untraced, "traced": traced},
         "cpu_ratio": traced / untraced,
     })
@@ -481,7 +525,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // 2. Accuracy (and the cross-check), traced.
     eprintln!("xtask: [2/6] accuracy, {duration} s traced at {rate:.0} req/s");
     let raw = work.path().join("raw.events");
-    let traced = bench.attach("accuracy", &["--raw-events", &path_arg(&raw)])?;
+    let traced = bench.attach(
+        "accuracy",
+        &["--raw-events", &path_arg(&raw), "--bpf-stats"],
+    )?;
     pinning.push(json!({"process": "tracer", "asked": args.placement.load_cpus, "applied": traced.tracer.proc.cpus_allowed()?}));
     let client_csv = work.path().join("accuracy-client.csv");
     let accuracy_load =
@@ -525,7 +572,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // 3b. What each mode costs: the same A/B, shorter, per option.
     let calibration = &accuracy_breakdown["calibration"];
-    let mut modes = vec![mode_cost("lean (default)", &[], &windows, calibration)];
+    let accuracy_bpf = accuracy_breakdown["cost"]["bpf"]["total_run_time_ns"]
+        .as_f64()
+        .unwrap_or(f64::NAN)
+        / accuracy_load["ok"].as_f64().unwrap_or(f64::NAN);
+    let mut modes = vec![mode_cost(
+        "lean (default)",
+        &[],
+        &windows,
+        calibration,
+        accuracy_bpf,
+    )];
     let mode_window = if args.quick { 2.0 } else { args.mode_window };
     let mode_runs = if args.mode_windows == 0 {
         &[][..]
@@ -544,7 +601,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.mode_windows as usize,
             mode_window,
         )?;
-        modes.push(mode_cost(name, flags, &mode_windows, calibration));
+        let bpf = bench.bpf_window(
+            &format!("mode-{}-bpf", modes.len()),
+            flags,
+            rate,
+            mode_window,
+        )?;
+        modes.push(mode_cost(name, flags, &mode_windows, calibration, bpf));
     }
 
     // 4. Max throughput, traced.
@@ -553,6 +616,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let max_traced = bench.find_max(find_max_step);
     let (max_traced_breakdown, _) = traced.stop()?;
     let max_traced = max_traced?;
+    // The floor: the same search with the kernel events alone (no uprobes).
+    let max_floor = if args.mode_windows == 0 {
+        None
+    } else {
+        eprintln!("xtask: [4/6] max throughput, {}", SKIP_SITES.0);
+        let traced = bench.attach("find-max-floor", SKIP_SITES.1)?;
+        let max = bench.find_max(find_max_step);
+        traced.stop()?;
+        Some(max?)
+    };
 
     // 5. Loss.
     // At the traced max: a load the traced gateway really carries, so the rate achieved says
@@ -690,7 +763,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "forced_ring_mib": args.forced_ring_mib, "forced_stall_s": args.forced_stall,
         },
         "max_rate": {"untraced": max_untraced, "untraced_source": max_source, "traced": max_traced,
-                     "ratio_traced_untraced": max_traced / max_untraced},
+                     "ratio_traced_untraced": max_traced / max_untraced,
+                     "traced_tracepoints_only": max_floor,
+                     "ratio_tracepoints_only_untraced": max_floor.map(|m| m / max_untraced)},
         "rate": rate,
         "accuracy": {
             "loadgen": {"ok": accuracy_load["ok"], "errors": accuracy_load["errors"],

@@ -28,7 +28,29 @@ use self::target::Target;
 pub(crate) static OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
 
-#[derive(Clone, Copy, Debug)]
+/// A group of hooks, one per kernel program file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Group {
+    Sched,
+    Syscalls,
+    Sockets,
+    Sites,
+    Samples,
+}
+
+impl Group {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Group::Sched => "sched",
+            Group::Syscalls => "syscalls",
+            Group::Sockets => "sockets",
+            Group::Sites => "sites",
+            Group::Samples => "samples",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
 pub struct Options {
     pub sample_hz: u64,
     /// Ring buffer size: a power of two, at least a page.
@@ -36,6 +58,8 @@ pub struct Options {
     pub offcpu_stacks: bool,
     /// Attach the `phase` site too, for per-phase on-CPU parts.
     pub phases: bool,
+    /// Groups left unattached, to measure what the others cost. The split needs every group.
+    pub skip: Vec<Group>,
 }
 
 impl Options {
@@ -55,7 +79,14 @@ impl Options {
             mode.push("offcpu-stacks".to_owned());
         }
         mode.push(format!("sample-hz={}", self.sample_hz));
+        for group in &self.skip {
+            mode.push(format!("without {}", group.name()));
+        }
         mode.join(" + ")
+    }
+
+    fn attaches(&self, group: Group) -> bool {
+        !self.skip.contains(&group)
     }
 }
 
@@ -117,43 +148,58 @@ impl Session {
 
         let alternatives = detected.alternatives();
         let mut modes = Vec::new();
-        let n = sched::attach_rest(&mut ebpf)?;
-        modes.push(AttachMode {
-            group: "sched",
-            mode: "tracepoint",
-            detail: format!(
-                "{n} sched:* (tp_btf not needed); {} threads seeded",
-                seeded.len()
-            ),
-        });
-        let n = syscalls::attach(&mut ebpf)?;
-        modes.push(AttachMode {
-            group: "syscalls",
-            mode: "tracepoint",
-            detail: format!("{n} syscalls:sys_{{enter,exit}}_*; {alternatives}"),
-        });
-        let n = sockets::attach(&mut ebpf)?;
-        let ports: Vec<String> = listen_ports.iter().map(u16::to_string).collect();
-        modes.push(AttachMode {
-            group: "sockets",
-            mode: "tracepoint",
-            detail: format!(
-                "{n} sock:*; listening ports [{}]; {alternatives}",
-                ports.join(", ")
-            ),
-        });
-        let n = sites::attach(&mut ebpf, target, options.phases)?;
-        let which = if options.phases {
-            ""
-        } else {
-            " (no phase site: --phases)"
-        };
-        modes.push(AttachMode {
-            group: "sites",
-            mode: "uprobe",
-            detail: format!("{n} probe sites{which} in {}", target.exe.display()),
-        });
-        if options.sample_hz > 0 {
+        if options.attaches(Group::Sched) {
+            let n = sched::attach_rest(&mut ebpf)?;
+            modes.push(AttachMode {
+                group: "sched",
+                mode: "tracepoint",
+                detail: format!(
+                    "{n} sched:* (tp_btf not needed); {} threads seeded",
+                    seeded.len()
+                ),
+            });
+        }
+        if options.attaches(Group::Syscalls) {
+            let n = syscalls::attach(&mut ebpf)?;
+            modes.push(AttachMode {
+                group: "syscalls",
+                mode: "tracepoint",
+                detail: format!("{n} syscalls:sys_{{enter,exit}}_*; {alternatives}"),
+            });
+        }
+        if options.attaches(Group::Sockets) {
+            let n = sockets::attach(&mut ebpf)?;
+            let ports: Vec<String> = listen_ports.iter().map(u16::to_string).collect();
+            modes.push(AttachMode {
+                group: "sockets",
+                mode: "tracepoint",
+                detail: format!(
+                    "{n} sock:*; listening ports [{}]; {alternatives}",
+                    ports.join(", ")
+                ),
+            });
+        }
+        if options.attaches(Group::Sites) {
+            let n = sites::attach(&mut ebpf, target, options.phases)?;
+            let which = if options.phases {
+                ""
+            } else {
+                " (no phase site: --phases)"
+            };
+            modes.push(AttachMode {
+                group: "sites",
+                mode: "uprobe",
+                detail: format!("{n} probe sites{which} in {}", target.exe.display()),
+            });
+        }
+        for group in &options.skip {
+            modes.push(AttachMode {
+                group: group.name(),
+                mode: "skipped",
+                detail: "--skip: cost measurement only, the split needs this group".to_owned(),
+            });
+        }
+        if options.sample_hz > 0 && options.attaches(Group::Samples) {
             let cpus = samples::attach(&mut ebpf, options.sample_hz)?;
             modes.push(AttachMode {
                 group: "samples",

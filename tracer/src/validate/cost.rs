@@ -85,8 +85,9 @@ pub fn status_kib(status: &str, field: &str) -> Option<u64> {
         .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
 }
 
-/// Measures the session from attach to the end. BPF run-time stats stay enabled while this
-/// lives (`BPF_ENABLE_STATS` is global and lasts as long as its fd).
+/// Measures the session from attach to the end. With `bpf_stats`, BPF run-time stats stay
+/// enabled while this lives (`BPF_ENABLE_STATS` is global and lasts as long as its fd). They
+/// add two clock reads to every program run, so they are off unless asked for.
 pub struct CostMeter {
     ids: Vec<u32>,
     stats_fd: Option<OwnedFd>,
@@ -99,10 +100,14 @@ pub struct CostMeter {
 
 impl CostMeter {
     /// Call once every program is attached, with their ids.
-    pub fn start(program_ids: Vec<u32>) -> CostMeter {
-        let (stats_fd, stats_error) = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
-            Ok(fd) => (Some(fd), None),
-            Err(e) => (None, Some(e.to_string())),
+    pub fn start(program_ids: Vec<u32>, bpf_stats: bool) -> CostMeter {
+        let (stats_fd, stats_error) = if !bpf_stats {
+            (None, Some("off (tracer record --bpf-stats)".to_owned()))
+        } else {
+            match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+                Ok(fd) => (Some(fd), None),
+                Err(e) => (None, Some(e.to_string())),
+            }
         };
         CostMeter {
             before: read_counters(&program_ids),
@@ -134,7 +139,11 @@ impl CostMeter {
         let mut v = json!({
             "session_s": seconds,
             "bpf_stats": if self.stats_error.is_none() { json!("enabled") } else { json!(self.stats_error) },
-            "bpf": program_deltas(&self.before, &after, seconds),
+            "bpf": if self.stats_error.is_none() {
+                program_deltas(&self.before, &after, seconds)
+            } else {
+                Value::Null
+            },
             "tracer": {
                 // From start of the process: attach, calibration and the final report included.
                 "cpu_user_s": user,

@@ -27,14 +27,18 @@ pub struct Hooks {
 
 impl Hooks {
     /// Call once every program is attached.
-    pub fn start(raw_events: Option<&Path>, program_ids: Vec<u32>) -> Result<Hooks> {
+    pub fn start(
+        raw_events: Option<&Path>,
+        program_ids: Vec<u32>,
+        bpf_stats: bool,
+    ) -> Result<Hooks> {
         let raw = raw_events.map(RawDump::create).transpose()?;
         Ok(Hooks {
             raw,
             raw_error: None,
             spans: Vec::new(),
             spans_total: 0,
-            cost: CostMeter::start(program_ids),
+            cost: CostMeter::start(program_ids, bpf_stats),
         })
     }
 

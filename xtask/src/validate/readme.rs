@@ -238,12 +238,21 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
     )?;
     writeln!(
         md,
-        "Target: ratio ≤ 1.03 at p50 and p99. Max throughput: untraced {} req/s, traced {} req/s \
-         (ratio {}).\n",
+        "Target: ratio ≤ 1.10 at p50 and p99 (stretch 1.03). Max throughput: untraced {} req/s, \
+         traced {} req/s (ratio {}).\n",
         num(&v["max_rate"]["untraced"], 0),
         num(&v["max_rate"]["traced"], 0),
         num(&v["max_rate"]["ratio_traced_untraced"], 3)
     )?;
+    if v["max_rate"]["traced_tracepoints_only"].is_number() {
+        writeln!(
+            md,
+            "With the tracepoints alone (`--skip sites`, the floor: no uprobe at all) the traced \
+             max is {} req/s (ratio {}).\n",
+            num(&v["max_rate"]["traced_tracepoints_only"], 0),
+            num(&v["max_rate"]["ratio_tracepoints_only_untraced"], 3)
+        )?;
+    }
 
     // 3. Cost.
     writeln!(md, "## 3. Probe cost\n")?;
@@ -371,8 +380,12 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
             md,
             "Cost by mode: the gateway's CPU per request in A/B windows at the same rate (the \
              lean row is the A/B above; the others {per_arm} + {per_arm} windows of {} s each), \
-             the tracer's hits and BPF run time per complete request in the traced windows \
-             (medians), and the calibrated probe time of those hits.\n",
+             the tracer's hits per complete request in the traced windows (medians), the \
+             calibrated probe time of those hits, and the BPF run time per answered request \
+             from one more traced window with BPF stats on (the lean row: the accuracy run), \
+             since the stats' clock reads would add to the A/B's CPU. The \
+             floor rows leave a group unattached (`tracer record --skip`): they measure cost \
+             only, their requests do not rebuild, so they have no hits.\n",
             num(&v["settings"]["mode_window_s"], 0),
         )?;
         writeln!(
@@ -530,6 +543,36 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }
 
+/// What the floor rows say: the cost of the kernel events alone bounds any design that keeps
+/// them, whatever it does with the uprobes.
+fn floor(md: &mut String, v: &Value) -> std::fmt::Result {
+    let modes = v["modes"].as_array().into_iter().flatten();
+    let row = |name: &str| {
+        modes
+            .clone()
+            .find(|m| m["mode"].as_str().is_some_and(|n| n.starts_with(name)))
+    };
+    let (Some(tracepoints), Some(sites)) = (row("tracepoints only"), row("sites only")) else {
+        return Ok(());
+    };
+    let added = |m: &Value| {
+        f(&m["gateway_cpu_us_per_request"]["traced"])
+            - f(&m["gateway_cpu_us_per_request"]["untraced"])
+    };
+    writeln!(
+        md,
+        "- The floor: the tracepoints alone (no uprobe) cost ×{:.3} CPU per request (+{:.1} µs) \
+         and take max throughput to ×{:.2}; the uprobe sites alone cost ×{:.3} (+{:.1} µs). No \
+         arrangement of the sites can bring the lean set below the first figures while it keeps \
+         the kernel events the split needs.",
+        f(&tracepoints["cpu_ratio"]),
+        added(tracepoints),
+        f(&v["max_rate"]["ratio_tracepoints_only_untraced"]),
+        f(&sites["cpu_ratio"]),
+        added(sites),
+    )
+}
+
 /// A few sentences computed from the figures: what holds, what misses, and what the CPU
 /// figures say about why.
 fn reading(md: &mut String, v: &Value) -> std::fmt::Result {
@@ -548,10 +591,14 @@ fn reading(md: &mut String, v: &Value) -> std::fmt::Result {
         f(&m["p50_us"]["ratio_of_medians"]),
         f(&m["p99_us"]["ratio_of_medians"]),
     );
-    let verdict = |r: f64| if r <= 1.03 { "meets" } else { "misses" };
+    let verdict = |r: f64| match r {
+        r if r <= 1.03 => "meets the 1.03 stretch target",
+        r if r <= 1.10 => "meets the 1.10 target",
+        _ => "misses the 1.10 target",
+    };
     writeln!(
         md,
-        "- Probe effect: traced/untraced p50 ×{p50:.2} ({} the 1.03 target), p99 ×{p99:.2} ({}).",
+        "- Probe effect: traced/untraced p50 ×{p50:.2} ({}), p99 ×{p99:.2} ({}).",
         verdict(p50),
         verdict(p99)
     )?;
@@ -582,11 +629,17 @@ fn reading(md: &mut String, v: &Value) -> std::fmt::Result {
         f(&m["cpu0_busy"]["untraced"]["median"]),
         f(&m["cpu0_busy"]["traced"]["median"])
     )?;
+    let max_ratio = f(&v["max_rate"]["ratio_traced_untraced"]);
+    let cpu_ratio = cpu_t / cpu_u;
+    let meets = |ok: bool| if ok { "meets" } else { "misses" };
     writeln!(
         md,
-        "- Max throughput traced/untraced: ×{:.2}.",
-        f(&v["max_rate"]["ratio_traced_untraced"])
+        "- Targets: CPU per request ×{cpu_ratio:.3} ({} ≤ 1.05); max throughput ×{max_ratio:.2} \
+         ({} ≥ 0.90).",
+        meets(cpu_ratio <= 1.05),
+        meets(max_ratio >= 0.90)
     )?;
+    floor(md, v)?;
     for r in v["loss"].as_array().into_iter().flatten() {
         writeln!(
             md,
