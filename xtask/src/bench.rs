@@ -6,6 +6,10 @@
 //! same size. Each gateway row is followed by the same load sent straight to mock-upstream;
 //! added latency per percentile = gateway − direct. Raw fdatasync on the ledger's filesystem
 //! is measured before and after the matrix: the physical floor of a durable receipt.
+//!
+//! With `--baseline REV`, every row also runs the gateway built from REV, on a copy of the
+//! same ledger at the same rates, between this gateway's run and the direct one: a before /
+//! after pair from one run on one host.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -17,6 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use serde::{Deserialize, Serialize};
 
+use crate::baseline;
 use crate::machine::{Machine, filesystem_of, load_average};
 use crate::procs::{Binaries, init_demo_db, run_loadgen, start_gateway, start_mock_upstream};
 use crate::procstat;
@@ -61,6 +66,11 @@ pub struct Args {
     /// Write into an `--out` directory that already holds files (a recorded run).
     #[arg(long)]
     overwrite: bool,
+    /// Also run every row against the gateway of git revision REV (a commit, tag or `HEAD~3`),
+    /// built under target/baseline/, on a copy of the same ledger at the same rates. REV's
+    /// gateway must read this ledger's schema (`gateway verify` checks every row's).
+    #[arg(long, value_name = "REV")]
+    baseline: Option<String>,
     /// Run nothing: re-judge the rows of DIR/results.json and rewrite DIR/RESULTS.md from it
     /// (after a change to the report's text or its rules; the measured figures stay those of
     /// the run).
@@ -183,6 +193,20 @@ struct Row {
     /// Why the row is INVALID. Absent from older results.json; `judge` recomputes it.
     #[serde(default)]
     invalid_reason: Option<String>,
+    /// The same row against the `--baseline` gateway, judged against the same direct side.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    baseline: Option<BaselineRow>,
+}
+
+/// A `--baseline` gateway's side of a row.
+#[derive(Serialize, Deserialize, Clone)]
+struct BaselineRow {
+    gateway: Side,
+    added: Option<Added>,
+    gateway_cpu_us_per_request: Option<f64>,
+    receipts_at_end: u64,
+    gate: String,
+    invalid_reason: Option<String>,
 }
 
 impl Row {
@@ -192,6 +216,13 @@ impl Row {
             self.gate = "INVALID".to_owned();
             self.invalid_reason = Some(reason);
             self.added = None;
+        }
+        if let Some(b) = &mut self.baseline
+            && let Some(reason) = invalid_reason(self.target_rate, &b.gateway, &self.direct)
+        {
+            b.gate = "INVALID".to_owned();
+            b.invalid_reason = Some(reason);
+            b.added = None;
         }
     }
 
@@ -252,6 +283,12 @@ struct MaxRate {
 }
 
 #[derive(Serialize, Deserialize)]
+struct BaselineRev {
+    rev: String,
+    commit: String,
+}
+
+#[derive(Serialize, Deserialize)]
 struct Results {
     machine: Machine,
     pinning: Pinning,
@@ -266,6 +303,9 @@ struct Results {
     fdatasync_before: FsyncProbe,
     fdatasync_after: FsyncProbe,
     max_rates: Vec<MaxRate>,
+    /// `--baseline`: the revision asked for and the commit it named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    baseline: Option<BaselineRev>,
     rows: Vec<Row>,
     wall_time_s: f64,
     load_average_at_end: String,
@@ -314,6 +354,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.overwrite,
     )?;
     let bins = Binaries::build()?;
+    let baseline = args.baseline.as_deref().map(baseline::build).transpose()?;
+    let baseline_bins = baseline.as_ref().map(|b| Binaries {
+        gateway: b.gateway.clone(),
+        ..bins.clone()
+    });
     let scratch = tempfile::Builder::new()
         .prefix("xtask-bench-")
         .tempdir()
@@ -421,46 +466,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             let _ = std::io::stderr().flush();
             let row_dir = delay_dir.join(format!("row-{index}"));
-            copy_ledger(&template, &row_dir)?;
-            let db = row_dir.join(LEDGER_FILE);
-            let gateway_json = row_dir.join("gateway.json");
             let direct_json = row_dir.join("direct.json");
             let loadgen_timeout = Duration::from_secs_f64(timing.row + timing.warmup + 60.0);
-
-            let mut gateway =
-                start_gateway(&bins, Some(&args.gateway_cpus), &db, args.workers, &row_dir)?;
-            let mut gateway_run = loadgen_args(&gateway.url, Some(&key), false);
-            gateway_run.extend(shape.flags(&timing, &gateway_json));
-            let cpu_before = procstat::cpu_seconds(gateway.proc.pid());
-            run_loadgen(&bins, load_cpus, &gateway_run, loadgen_timeout, &row_dir)?;
-            let cpu_s = procstat::cpu_seconds(gateway.proc.pid())
-                .zip(cpu_before)
-                .map(|(after, before)| after - before);
-            // Before stopping: a clean shutdown may checkpoint and shrink the WAL.
-            let wal_bytes_after = file_len(&row_dir.join(format!("{LEDGER_FILE}-wal")));
-            gateway.proc.stop()?;
-            drop(gateway);
-            let receipts_at_end = verify(&bins, &db)?;
+            let this = GatewayRun {
+                bins: &bins,
+                args: &args,
+                template: &template,
+                key: &key,
+                timing: &timing,
+                timeout: loadgen_timeout,
+            };
+            let current = this.run(shape, &row_dir.join("gateway"))?;
+            let baseline_run = baseline_bins
+                .as_ref()
+                .map(|bins| GatewayRun { bins, ..this }.run(shape, &row_dir.join("baseline")))
+                .transpose()?;
 
             let mut direct_run = loadgen_args(&mock.url, Some(&key), true);
             direct_run.extend(shape.flags(&timing, &direct_json));
             run_loadgen(&bins, load_cpus, &direct_run, loadgen_timeout, &row_dir)?;
 
-            let gateway_side = Side::read(&gateway_json)?;
-            let gateway_side_sent = gateway_side.sent;
             let direct_side = Side::read(&direct_json)?;
-            let added = Added {
-                p50_us: gateway_side.p50_us - direct_side.p50_us,
-                p99_us: gateway_side.p99_us - direct_side.p99_us,
-                p999_us: gateway_side.p999_us - direct_side.p999_us,
-            };
-            let gate = if gateway_side.error_count() > 0 {
-                "FAIL (errors)".to_owned()
-            } else if added.p99_us < GATE_P99_ADDED_US {
-                "PASS".to_owned()
-            } else {
-                "FAIL".to_owned()
-            };
+            let baseline_row = baseline_run.map(|b| {
+                let b_added = added(&b.side, &direct_side);
+                BaselineRow {
+                    gate: gate(&b.side, &b_added),
+                    added: Some(b_added),
+                    gateway: b.side,
+                    gateway_cpu_us_per_request: b.cpu_us_per_request,
+                    receipts_at_end: b.receipts_at_end,
+                    invalid_reason: None,
+                }
+            });
+            let this_added = added(&current.side, &direct_side);
+            let gate = gate(&current.side, &this_added);
             let mut row = Row {
                 mode: shape.mode().to_owned(),
                 load: shape.label(),
@@ -468,16 +507,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 concurrency: shape.concurrency(),
                 fraction_of_max: shape.fraction(),
                 target_rate: shape.rate(),
-                gateway: gateway_side,
+                gateway: current.side,
                 direct: direct_side,
-                added: Some(added),
+                added: Some(this_added),
                 receipts_at_start: receipts_in_template,
-                receipts_at_end,
-                wal_bytes_after,
-                gateway_cpu_us_per_request: cpu_s
-                    .map(|s| s * 1e6 / gateway_side_sent.max(1) as f64),
+                receipts_at_end: current.receipts_at_end,
+                wal_bytes_after: current.wal_bytes_after,
+                gateway_cpu_us_per_request: current.cpu_us_per_request,
                 gate,
                 invalid_reason: None,
+                baseline: baseline_row,
             };
             row.judge();
             let (g, d) = (&row.gateway, &row.direct);
@@ -497,6 +536,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     d.achieved_rate,
                     reason.as_deref().unwrap_or_default()
                 ),
+            }
+            if let Some(b) = &row.baseline {
+                eprintln!(
+                    "bench:         baseline: {:.0} req/s, added p99 {} µs, {} µs CPU/request: {}",
+                    b.gateway.achieved_rate,
+                    b.added
+                        .as_ref()
+                        .map_or_else(|| "—".to_owned(), |a| format!("{:.0}", a.p99_us)),
+                    b.gateway_cpu_us_per_request
+                        .map_or_else(|| "—".to_owned(), |us| format!("{us:.1}")),
+                    b.gate
+                );
             }
             rows.push(row);
             std::fs::remove_dir_all(&row_dir)?;
@@ -524,6 +575,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         fdatasync_before,
         fdatasync_after,
         max_rates,
+        baseline: baseline.map(|b| BaselineRev {
+            rev: b.rev,
+            commit: b.commit,
+        }),
         rows,
         wall_time_s: started.elapsed().as_secs_f64(),
         load_average_at_end: load_average(),
@@ -539,6 +594,82 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out_dir.display()
     );
     Ok(())
+}
+
+/// One gateway's run of a row: a fresh copy of the template ledger, the load, the gateway's
+/// CPU over it, then its ledger verified.
+#[derive(Clone, Copy)]
+struct GatewayRun<'a> {
+    bins: &'a Binaries,
+    args: &'a Args,
+    template: &'a Path,
+    key: &'a str,
+    timing: &'a Timing,
+    timeout: Duration,
+}
+
+struct GatewaySide {
+    side: Side,
+    cpu_us_per_request: Option<f64>,
+    receipts_at_end: u64,
+    wal_bytes_after: u64,
+}
+
+impl GatewayRun<'_> {
+    fn run(self, shape: Shape, dir: &Path) -> anyhow::Result<GatewaySide> {
+        copy_ledger(self.template, dir)?;
+        let db = dir.join(LEDGER_FILE);
+        let json = dir.join("gateway.json");
+        let mut gateway = start_gateway(
+            self.bins,
+            Some(&self.args.gateway_cpus),
+            &db,
+            self.args.workers,
+            dir,
+        )?;
+        let mut run = loadgen_args(&gateway.url, Some(self.key), false);
+        run.extend(shape.flags(self.timing, &json));
+        let cpu_before = procstat::cpu_seconds(gateway.proc.pid());
+        run_loadgen(
+            self.bins,
+            Some(&self.args.load_cpus),
+            &run,
+            self.timeout,
+            dir,
+        )?;
+        let cpu_s = procstat::cpu_seconds(gateway.proc.pid())
+            .zip(cpu_before)
+            .map(|(after, before)| after - before);
+        // Before stopping: a clean shutdown may checkpoint and shrink the WAL.
+        let wal_bytes_after = file_len(&dir.join(format!("{LEDGER_FILE}-wal")));
+        gateway.proc.stop()?;
+        drop(gateway);
+        let side = Side::read(&json)?;
+        Ok(GatewaySide {
+            cpu_us_per_request: cpu_s.map(|s| s * 1e6 / side.sent.max(1) as f64),
+            side,
+            receipts_at_end: verify(self.bins, &db)?,
+            wal_bytes_after,
+        })
+    }
+}
+
+fn added(gateway: &Side, direct: &Side) -> Added {
+    Added {
+        p50_us: gateway.p50_us - direct.p50_us,
+        p99_us: gateway.p99_us - direct.p99_us,
+        p999_us: gateway.p999_us - direct.p999_us,
+    }
+}
+
+fn gate(gateway: &Side, added: &Added) -> String {
+    if gateway.error_count() > 0 {
+        "FAIL (errors)".to_owned()
+    } else if added.p99_us < GATE_P99_ADDED_US {
+        "PASS".to_owned()
+    } else {
+        "FAIL".to_owned()
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -843,7 +974,60 @@ fn markdown(results: &Results) -> String {
             row.wal_bytes_after
         );
     }
+    if let Some(b) = &r.baseline {
+        md += &baseline_markdown(r, b);
+    }
     md += &reading(r);
+    md
+}
+
+/// This gateway beside the `--baseline` one, row by row, from the same run.
+fn baseline_markdown(r: &Results, b: &BaselineRev) -> String {
+    let mut md = format!(
+        "
+## Same run: this gateway beside `{}` ({})
+
+Each row ran this gateway, then the baseline on a copy of the same ledger at the same load, then the direct side both are judged against. Added p99 in µs; CPU = the gateway's CPU µs per request sent.
+
+| mode | delay | load | added p99 this | added p99 baseline | gate this / baseline | CPU this | CPU baseline | CPU this / baseline |\n|---|---|---|---|---|---|---|---|---|\n",
+        b.rev,
+        &b.commit[..b.commit.len().min(12)]
+    );
+    let us = |v: Option<f64>, digits: usize| {
+        v.map_or_else(|| "—".to_owned(), |v| format!("{v:.digits$}"))
+    };
+    for row in &r.rows {
+        let Some(base) = &row.baseline else { continue };
+        let ratio = row
+            .gateway_cpu_us_per_request
+            .zip(base.gateway_cpu_us_per_request)
+            .map(|(this, base)| this / base);
+        md += &format!(
+            "| {} | {} ms | {} | {} | {} | {} / {} | {} | {} | {} |\n",
+            row.mode,
+            row.delay_ms,
+            row.load,
+            us(row.added.as_ref().map(|a| a.p99_us), 0),
+            us(base.added.as_ref().map(|a| a.p99_us), 0),
+            row.gate,
+            base.gate,
+            us(row.gateway_cpu_us_per_request, 1),
+            us(base.gateway_cpu_us_per_request, 1),
+            us(ratio, 2),
+        );
+    }
+    for row in &r.rows {
+        if let Some(BaselineRow {
+            invalid_reason: Some(reason),
+            ..
+        }) = &row.baseline
+        {
+            md += &format!(
+                "\nBaseline INVALID, {} {} ms {}: {reason}.\n",
+                row.mode, row.delay_ms, row.load
+            );
+        }
+    }
     md
 }
 
@@ -1166,11 +1350,66 @@ mod tests {
             gateway_cpu_us_per_request: Some(50.0),
             gate: "FAIL (errors)".to_owned(),
             invalid_reason: None,
+            baseline: None,
         };
         row.judge();
         assert_eq!(row.gate, "INVALID");
         assert!(row.added.is_none() && !row.is_valid());
         let json = serde_json::to_value(&row).unwrap();
         assert!(json["added"].is_null() && json["invalid_reason"].is_string());
+    }
+
+    #[test]
+    fn a_baseline_side_is_judged_on_its_own() {
+        let figures = Added {
+            p50_us: 10.0,
+            p99_us: 10.0,
+            p999_us: 10.0,
+        };
+        let mut row = Row {
+            mode: "open".to_owned(),
+            load: "25%".to_owned(),
+            delay_ms: 0,
+            concurrency: None,
+            fraction_of_max: Some(0.25),
+            target_rate: Some(1000.0),
+            gateway: side(1000.0, &[]),
+            direct: side(1000.0, &[]),
+            added: Some(figures.clone()),
+            receipts_at_start: 0,
+            receipts_at_end: 0,
+            wal_bytes_after: 0,
+            gateway_cpu_us_per_request: Some(50.0),
+            gate: "PASS".to_owned(),
+            invalid_reason: None,
+            baseline: Some(BaselineRow {
+                gateway: side(600.0, &[]),
+                added: Some(figures),
+                gateway_cpu_us_per_request: Some(90.0),
+                receipts_at_end: 0,
+                gate: "PASS".to_owned(),
+                invalid_reason: None,
+            }),
+        };
+        row.judge();
+        assert!(row.is_valid() && row.added.is_some() && row.gate == "PASS");
+        let base = row.baseline.as_ref().unwrap();
+        assert_eq!(base.gate, "INVALID");
+        assert!(base.added.is_none());
+        assert!(
+            base.invalid_reason
+                .as_deref()
+                .unwrap()
+                .contains("achieved 600 of 1000")
+        );
+    }
+
+    #[test]
+    fn a_baseline_that_names_no_commit_is_refused() {
+        let err = baseline::build("no-such-revision").err().unwrap();
+        assert!(
+            err.to_string().contains("not a commit of this repository"),
+            "{err}"
+        );
     }
 }

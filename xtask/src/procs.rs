@@ -48,8 +48,21 @@ impl Executables {
 /// (so `CARGO_TARGET_DIR` and config are honoured). Cargo's own lines pass through but its
 /// closing `Finished`: a build with nothing to do prints nothing.
 pub fn cargo_build_release(args: &[&str]) -> anyhow::Result<Executables> {
-    let mut child = Command::new(env!("CARGO"))
-        .current_dir(workspace_root())
+    cargo_build_release_in(&workspace_root(), None, args)
+}
+
+/// [`cargo_build_release`] of the workspace at `dir`, into `target_dir` if given.
+pub fn cargo_build_release_in(
+    dir: &Path,
+    target_dir: Option<&Path>,
+    args: &[&str],
+) -> anyhow::Result<Executables> {
+    let mut command = Command::new(env!("CARGO"));
+    if let Some(target_dir) = target_dir {
+        command.env("CARGO_TARGET_DIR", target_dir);
+    }
+    let mut child = command
+        .current_dir(dir)
         .args(["build", "--release"])
         .args(args)
         .args(["--message-format", "json-render-diagnostics"])
@@ -89,6 +102,7 @@ pub fn cargo_build_release(args: &[&str]) -> anyhow::Result<Executables> {
 }
 
 /// The release binaries of a session.
+#[derive(Clone)]
 pub struct Binaries {
     pub gateway: PathBuf,
     pub mock_upstream: PathBuf,
