@@ -7,7 +7,9 @@
 //! - `another request` (+ `cpu.<phase>` where phases are traced): a gateway thread polling
 //!   another request;
 //! - `ledger-writer;sign|fdatasync|other (insert, commit, batching)`: the writer on CPU;
-//! - `gateway thread <comm>;outside a request's poll`: runtime, hyper I/O, accept;
+//! - `gateway thread <comm> (tid N);outside a request's poll (hyper I/O, runtime)`: hyper
+//!   reading a request before its handler begins or writing a response after it ends,
+//!   accept, tokio's own work;
 //! - `other process;<comm> (pid N)`: a task outside the gateway (the first one to take the
 //!   CPU from a gateway thread; one that ran after it without the gateway running between is
 //!   not seen);
@@ -44,7 +46,7 @@ pub fn holder_frames(
         }
         Holder::WriterBlocked => "ledger-writer;blocked outside fsync".to_owned(),
         Holder::Thread(tid) => format!(
-            "gateway thread {} (tid {tid});outside a request's poll",
+            "gateway thread {} (tid {tid});outside a request's poll (hyper I/O, runtime)",
             clean(threads.get(&tid).map_or("?", String::as_str))
         ),
         Holder::Process(pid) => format!(
