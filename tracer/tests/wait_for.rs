@@ -107,9 +107,17 @@ fn waiting_behind_another_request_on_the_same_worker() {
                 },
                 400
             ),
-            // [900, 1000): request 1 before its first phase site, then [1400, 1450).
+            // [950, 1000): request 1 before its first phase site.
             (Holder::Request { phase: None }, 50),
-            (Holder::Thread(WORKER), 50),
+            // [1410, 1450): the worker between request 1's response and request 2's read.
+            (Holder::Thread(WORKER), 40),
+            // [1400, 1410): request 1's response, after its last poll.
+            (
+                Holder::Request {
+                    phase: Some(Phase::Respond)
+                },
+                10
+            ),
         ]
     );
     assert!(

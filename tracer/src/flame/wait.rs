@@ -4,12 +4,12 @@
 //!
 //! Frames, outermost first: the waiter's part (`scheduling`), then the holder (below), then
 //! the holder's stack where a cpu-clock sample of it fell inside the charged time.
-//! - `another request` (+ `cpu.<phase>` where phases are traced): a gateway thread polling
-//!   another request;
+//! - `another request` (+ `cpu.<phase>` where phases are traced; `cpu.parse` / `cpu.respond`
+//!   for hyper reading it before its handler began / writing its response after it ended,
+//!   traced or not): a gateway thread working for another request;
 //! - `ledger-writer;sign|fdatasync|other (insert, commit, batching)`: the writer on CPU;
-//! - `gateway thread <comm> (tid N);outside a request's poll (hyper I/O, runtime)`: hyper
-//!   reading a request before its handler begins or writing a response after it ends,
-//!   accept, tokio's own work;
+//! - `gateway thread <comm> (tid N);outside a request's poll (hyper I/O, runtime)`: on CPU
+//!   with no request to charge: tokio's own work, accept, connection handling;
 //! - `other process;<comm> (pid N)`: a task outside the gateway (the first one to take the
 //!   CPU from a gateway thread; one that ran after it without the gateway running between is
 //!   not seen);

@@ -539,6 +539,8 @@ impl Rebuilder {
             }
             _ => (ts, true),
         };
+        self.activity
+            .worked_for(tid, read_enter, ts, id, Phase::Parse);
         self.by_client_fd.insert(fd, id);
         self.sockets.mark_client(fd);
         // The handler's first poll starts now, on this thread.
@@ -651,13 +653,15 @@ impl Rebuilder {
             return;
         };
         let Some(r) = self.open.get(&id) else { return };
-        let Some(last) = r.polls.last() else { return };
+        let Some(&last) = r.polls.last() else { return };
         if !r.polled_to_completion || enter < last.exit {
             return;
         }
         let Some(req) = self.open.remove(&id) else {
             return;
         };
+        self.activity
+            .worked_for(last.tid, last.exit, enter, id, Phase::Respond);
         self.forget(&req);
         let outcome = match self.complete(&req, enter) {
             Ok(record) => Outcome::Complete(record),

@@ -6,7 +6,9 @@
 //! poll), the thread that ran the request next. Its CPU is that of its first switch inside
 //! the slice, else its last one before. The CPU's runners ([`CpuLog`]) cut the slice; a
 //! gateway thread is then cut by what it was doing ([`Activity`]: polling which request, in
-//! which phase) or, for the ledger writer, by its signing and fsync intervals. Each piece is
+//! which phase, or reading a request before its handler began (`cpu.parse`) or writing a
+//! response after it ended (`cpu.respond`), whether or not phases are traced) or, for the
+//! ledger writer, by its signing and fsync intervals. Each piece is
 //! charged to its holder, with the stack of a cpu-clock sample of the holder taken inside
 //! the piece when there is one.
 //!
@@ -81,6 +83,39 @@ impl Activity {
         let log = self.polls.entry(tid).or_default();
         if log.back().is_none_or(|&(_, last)| last != now) {
             log.push_back((ts, now));
+        }
+    }
+
+    /// `tid` worked for request `id` over `[a, b)` outside its polls (hyper reading it before
+    /// its handler began, writing its response after it ended): where the log says the thread
+    /// polled nothing then, it was `id`'s, in `phase`. Entries after `b` are kept as they are.
+    pub(crate) fn worked_for(&mut self, tid: u32, a: u64, b: u64, id: u64, phase: Phase) {
+        if a >= b {
+            return;
+        }
+        let log = self.polls.entry(tid).or_default();
+        let mut moved = Vec::new();
+        while log.back().is_some_and(|&(t, _)| t >= a) {
+            moved.extend(log.pop_back());
+        }
+        moved.reverse();
+        let mut state = log.back().and_then(|&(_, p)| p);
+        let fill = |p: Polled| p.or(Some((id, Some(phase))));
+        let push = |log: &mut VecDeque<(u64, Polled)>, t: u64, p: Polled| {
+            if log.back().is_none_or(|&(_, last)| last != p) {
+                log.push_back((t, p));
+            }
+        };
+        push(log, a, fill(state));
+        let mut rest = moved.into_iter().peekable();
+        while let Some(&(t, p)) = rest.peek().filter(|&&(t, _)| t < b) {
+            push(log, t, fill(p));
+            state = p;
+            rest.next();
+        }
+        push(log, b, state);
+        for (t, p) in rest {
+            push(log, t, p);
         }
     }
 
@@ -195,6 +230,40 @@ pub(crate) fn attribute(src: &Sources<'_>, slices: &[Slice], fallback_tid: u32) 
 
 fn is_receipt(part: Part) -> bool {
     matches!(part, Part::Signing | Part::LedgerFsync | Part::LedgerOther)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_outside_polls_fills_only_where_nothing_was_polled() {
+        let mut a = Activity::default();
+        a.polling(100, 5, Some((1, None)));
+        a.polling(200, 5, None);
+        a.polling(300, 5, Some((2, None)));
+        a.polling(400, 5, None);
+        a.worked_for(5, 150, 350, 9, Phase::Respond);
+        assert_eq!(
+            a.polled(5, 0, 500),
+            vec![
+                (0, 100, None),
+                (100, 200, Some((1, None))),
+                (200, 300, Some((9, Some(Phase::Respond)))),
+                (300, 400, Some((2, None))),
+                (400, 500, None),
+            ]
+        );
+        a.worked_for(5, 420, 450, 3, Phase::Parse);
+        assert_eq!(
+            a.polled(5, 400, 500),
+            vec![
+                (400, 420, None),
+                (420, 450, Some((3, Some(Phase::Parse)))),
+                (450, 500, None),
+            ]
+        );
+    }
 }
 
 #[derive(Default)]
