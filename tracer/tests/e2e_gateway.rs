@@ -30,6 +30,8 @@ const RATE: &str = "300";
 const LOAD_SECONDS: &str = "3";
 const GATEWAY_CPU: &str = "0";
 const LOAD_CPU: &str = "1";
+/// The CPU hog's name (its comm), unlike any other task's on the machine.
+const HOG: &str = "wait-for-hog";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const FINISH_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -192,7 +194,7 @@ struct TracedRun {
 }
 
 /// mock-upstream, a demo ledger and the gateway on CPU 0, the tracer attached, loadgen's open
-/// loop, SIGINT to the tracer; with `hog`, a busy loop (`sh`) pinned to the gateway's CPU
+/// loop, SIGINT to the tracer; with `hog`, a busy loop ([`HOG`]) pinned to the gateway's CPU
 /// from attach to the end of the load. Checks that nothing of ours outlives the tracer.
 fn traced_run(hog: bool) -> TracedRun {
     let started = Instant::now();
@@ -274,7 +276,13 @@ fn traced_run(hog: bool) -> TracedRun {
     let attached_s = started.elapsed().as_secs_f64();
     let hog = hog.then(|| {
         let mut command = Command::new("taskset");
-        command.args(["-c", GATEWAY_CPU, "sh", "-c", "while :; do :; done"]);
+        // A shell run through a link named HOG: the kernel names the task after the link.
+        let hog = dir.path().join(HOG);
+        std::os::unix::fs::symlink("/bin/sh", &hog).unwrap();
+        command
+            .args(["-c", GATEWAY_CPU])
+            .arg(&hog)
+            .args(["-c", "while :; do :; done"]);
         Running::spawn("hog", command)
     });
 
@@ -434,14 +442,19 @@ fn traced_gateway_requests_match_the_client() {
     }
     // Without a hog the wait-for view still charges all of the tail's scheduling, and no
     // busy loop is among its holders.
-    let wait = wait_view(out);
-    assert_eq!(wait["charged_ns"], wait["scheduling_ns"], "{wait}");
-    assert!(
-        holders(&wait)
-            .iter()
-            .all(|h| !h.starts_with("other process · sh ")),
-        "{wait}"
-    );
+    for section in ["wait", "wait_all"] {
+        let wait = wait_view(out, section);
+        assert_eq!(
+            wait["charged_ns"], wait["scheduling_ns"],
+            "{section}: {wait}"
+        );
+        assert!(
+            holders(&wait)
+                .iter()
+                .all(|h| !h.starts_with(&format!("other process · {HOG} "))),
+            "{section}: {wait}"
+        );
+    }
     eprintln!(
         "e2e: {} requests traced and matched in {:.1}s",
         traced.len(),
@@ -466,11 +479,11 @@ impl Running {
     }
 }
 
-/// pictures.json's `wait` section.
-fn wait_view(out: &Path) -> serde_json::Value {
+/// pictures.json's wait-for summary of the tail (`wait`) or of every request (`wait_all`).
+fn wait_view(out: &Path, section: &str) -> serde_json::Value {
     let pictures: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("pictures.json")).unwrap()).unwrap();
-    pictures["wait"].clone()
+    pictures[section].clone()
 }
 
 fn holders(wait: &serde_json::Value) -> Vec<String> {
@@ -482,32 +495,42 @@ fn holders(wait: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// The hog is the largest holder of the requests' `scheduling` and is in the tail's view.
+/// Largest over every request, not only the tail: the tail (above the p99 of overhead) is
+/// picked by overhead, which a slow fdatasync on a shared disk can dominate, and then its few
+/// requests' scheduling is too small a sample to rank holders by (in one run of two here the
+/// hog was second to the writer in the tail, first over all requests).
 #[test]
-fn a_cpu_hog_on_the_gateway_cpu_is_what_the_tail_waited_behind() {
-    if !require_root("a_cpu_hog_on_the_gateway_cpu_is_what_the_tail_waited_behind") {
+fn a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind() {
+    if !require_root("a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind") {
         return;
     }
     let _turn = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let run = traced_run(true);
     let hog = run.hog.expect("the run had a hog");
+    let label = format!("other process · {HOG} (pid {hog})");
     assert!(run.out.join("tail-wait.svg").exists(), "{}", run.stderr);
-    let wait = wait_view(&run.out);
-    assert_eq!(wait["charged_ns"], wait["scheduling_ns"], "{wait}");
-    let holders = holders(&wait);
+    let all = wait_view(&run.out, "wait_all");
+    assert_eq!(all["charged_ns"], all["scheduling_ns"], "{all}");
     assert_eq!(
-        holders.first().map(String::as_str),
-        Some(format!("other process · sh (pid {hog})").as_str()),
-        "the hog is the largest holder: {wait}"
+        holders(&all).first(),
+        Some(&label),
+        "the hog is the largest holder: {all}"
     );
+    let tail = wait_view(&run.out, "wait");
+    assert_eq!(tail["charged_ns"], tail["scheduling_ns"], "{tail}");
+    assert!(holders(&tail).contains(&label), "{tail}");
     let folded = std::fs::read_to_string(run.out.join("tail-wait.folded")).unwrap();
     assert!(
         folded
             .lines()
-            .any(|l| l.starts_with(&format!("scheduling;other process;sh (pid {hog}) "))),
+            .any(|l| l.starts_with(&format!("scheduling;other process;{HOG} (pid {hog}) "))),
         "{folded}"
     );
     eprintln!(
-        "e2e hog: done after {:.1}s; holders {holders:?}",
-        run.started.elapsed().as_secs_f64()
+        "e2e hog: done after {:.1}s; holders over all requests {:?}, in the tail {:?}",
+        run.started.elapsed().as_secs_f64(),
+        holders(&all),
+        holders(&tail)
     );
 }

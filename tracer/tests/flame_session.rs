@@ -251,9 +251,11 @@ fn a_session_writes_every_picture_with_real_frames() {
         summary.wait.holders[0],
         ("other process · hog (pid 777)".to_owned(), 12_000)
     );
+    assert_eq!(summary.wait_all.charged_ns, 10_000 * REQUESTS);
     let pictures: serde_json::Value =
         serde_json::from_slice(&fs::read(dir.path().join("pictures.json")).unwrap()).unwrap();
     assert_eq!(pictures["wait"]["scheduling_ns"], 20_000);
+    assert_eq!(pictures["wait_all"]["scheduling_ns"], 10_000 * REQUESTS);
 
     for folded in [
         "tail-wait.folded",

@@ -67,6 +67,8 @@ pub struct FlameSummary {
     pub median_samples: u64,
     pub tail_offcpu_ns: u64,
     pub wait: WaitSummary,
+    /// The same over every complete request: what requests wait behind in general.
+    pub wait_all: WaitSummary,
     pub trace: TraceSummary,
     pub slowest_ids: Vec<u64>,
     pub median_ids: Vec<u64>,
@@ -110,6 +112,7 @@ impl FlameSession {
     ) -> Result<FlameSummary> {
         let mut all = StackCounts::default();
         let mut tail_wait = WaitCounts::default();
+        let mut all_wait = WaitCounts::default();
         let mut tail = StackCounts::default();
         let mut median = StackCounts::default();
         let mut tail_off = StackCounts::default();
@@ -131,6 +134,7 @@ impl FlameSession {
             summary.requests += 1;
             summary.all_samples += req.samples.len() as u64;
             all.add_samples(&req);
+            all_wait.add(&req);
             if bands.is_tail(overhead) {
                 summary.tail_requests += 1;
                 summary.tail_samples += req.samples.len() as u64;
@@ -167,6 +171,7 @@ impl FlameSession {
         summary.tail_offcpu_ns = tail_off_folded.total();
         let tail_wait_folded = tail_wait.fold(stacks, symbolizer, threads, tasks);
         summary.wait = tail_wait.summary(threads, tasks);
+        summary.wait_all = all_wait.summary(threads, tasks);
 
         let tail_us = bands.tail_above_ns as f64 / 1e3;
         let (lo_us, hi_us) = (
@@ -363,6 +368,7 @@ fn summary_json(s: &FlameSummary, bands: &Bands) -> String {
                          "samples": s.median_samples },
         "all_samples": s.all_samples,
         "wait": s.wait.to_json(),
+        "wait_all": s.wait_all.to_json(),
         "trace": { "slowest_req_ids": s.slowest_ids, "median_req_ids": s.median_ids,
                    "thread_tracks": s.trace.thread_tracks, "complete_events": s.trace.events },
         "kernel_symbols": s.kernel_names,

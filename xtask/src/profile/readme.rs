@@ -398,7 +398,11 @@ fn render(
         );
     }
 
-    w.push_str(&wait_tables(&pictures["wait"], &tail["requests"]));
+    w.push_str(&wait_tables(
+        &pictures["wait"],
+        &pictures["wait_all"],
+        &tail["requests"],
+    ));
 
     let _ = writeln!(w, "\n## Client view (loadgen.json)\n");
     let latency = &loadgen["latency_us"];
@@ -502,7 +506,7 @@ const COVER_TOLERANCE: f64 = 0.05;
 
 /// "While the tail waited": pictures.json's `wait` section as two tables, what held the CPU
 /// during the tail's `scheduling` and what the writer did during its receipt wait.
-fn wait_tables(wait: &Value, tail_requests: &Value) -> String {
+fn wait_tables(wait: &Value, wait_all: &Value, tail_requests: &Value) -> String {
     let mut md = String::new();
     let w = &mut md;
     let ns = |v: &Value| v.as_f64().unwrap_or(0.0);
@@ -573,7 +577,28 @@ fn wait_tables(wait: &Value, tail_requests: &Value) -> String {
             share(uncovered)
         );
     }
-    if holders.iter().any(|h| {
+    if let Some(all) = wait_all["holders"].as_array().filter(|h| !h.is_empty()) {
+        let total = ns(&wait_all["scheduling_ns"]);
+        let top: Vec<String> = all
+            .iter()
+            .take(3)
+            .map(|h| {
+                format!(
+                    "{} {:.1}%",
+                    h["holder"].as_str().unwrap_or("?"),
+                    ns(&h["ns"]) / total.max(1.0) * 100.0
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            w,
+            "Over every complete request ({:.2} ms of scheduling, pictures.json `wait_all`), the largest holders: {}.",
+            total / 1e6,
+            top.join(", ")
+        );
+    }
+    let all_holders = wait_all["holders"].as_array().into_iter().flatten();
+    if holders.iter().chain(all_holders).any(|h| {
         h["holder"]
             .as_str()
             .is_some_and(|name| name.starts_with("idle"))
@@ -636,7 +661,11 @@ mod tests {
 
     #[test]
     fn the_wait_table_ranks_holders_and_names_an_uncovered_remainder() {
-        let md = wait_tables(&wait_json(0), &Value::from(4));
+        let all = serde_json::json!({
+            "scheduling_ns": 20_000_000u64,
+            "holders": [{"holder": "idle (the wait had another cause)", "ns": 5_000_000u64}],
+        });
+        let md = wait_tables(&wait_json(0), &all, &Value::from(4));
         assert!(
             md.contains("| other process · sh (pid 7) | 6.000 | 60.0% | 1500.0 |"),
             "{md}"
@@ -647,12 +676,17 @@ mod tests {
         );
         assert!(md.contains("to within 5%"), "{md}");
         assert!(
+            md.contains("the largest holders: idle (the wait had another cause) 25.0%."),
+            "{md}"
+        );
+        assert!(md.contains("`idle` means nothing ran"), "{md}");
+        assert!(
             md.contains("| ledger_fsync | ledger-writer · fdatasync | 2.000 | 100.0% |"),
             "{md}"
         );
-        let md = wait_tables(&wait_json(1_000_000), &Value::from(4));
+        let md = wait_tables(&wait_json(1_000_000), &Value::Null, &Value::from(4));
         assert!(md.contains("**Uncovered: 1.000 ms (10.0%)"), "{md}");
-        let md = wait_tables(&Value::Null, &Value::from(4));
+        let md = wait_tables(&Value::Null, &Value::Null, &Value::from(4));
         assert!(md.contains("no `wait` section"), "{md}");
     }
 
