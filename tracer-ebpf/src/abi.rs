@@ -34,9 +34,10 @@ pub mod kind {
     /// sock:sk_data_ready on a socket of the target (any context). args = [sk].
     pub const DATA_READY: u16 = 4;
     /// A thread of the target was switched out. sub = 1 if still runnable (preempted).
-    /// args = [kernel stack id, user stack id] as i64 (negative: no stack).
+    /// args = [kernel stack id, user stack id] as i64 (negative: no stack),
+    /// [`super::switch::pack`] (the task switched in instead, and the CPU).
     pub const SWITCH_OUT: u16 = 5;
-    /// A thread of the target was switched in.
+    /// A thread of the target was switched in. args = [CPU].
     pub const SWITCH_IN: u16 = 6;
     /// A thread of the target was woken (became runnable). sub = 1 for wakeup_new.
     pub const WAKEUP: u16 = 7;
@@ -45,6 +46,22 @@ pub mod kind {
     /// A new connection reached TCP_ESTABLISHED on a listening port of the target.
     /// args = [sk, local port].
     pub const ESTABLISHED: u16 = 9;
+    /// The name of a task outside the target that replaced a target thread at a switch-out,
+    /// sent the first time that pid is seen (an LRU set in the kernel). tid = that task's pid
+    /// (sched_switch's next_pid); args = [comm bytes 0..8, comm bytes 8..16] (NUL-padded).
+    pub const TASK_NAME: u16 = 10;
+}
+
+/// SWITCH_OUT's third argument: the task that took the CPU (`next_pid`; 0 = idle) and the CPU.
+pub mod switch {
+    pub const fn pack(next_pid: u32, cpu: u32) -> u64 {
+        (next_pid as u64) | ((cpu as u64) << 32)
+    }
+
+    /// (next_pid, cpu).
+    pub const fn unpack(arg: u64) -> (u32, u32) {
+        (arg as u32, (arg >> 32) as u32)
+    }
 }
 
 pub mod syscall {

@@ -40,6 +40,7 @@ pub const SET_STATE_PROTOCOL: Field = field("protocol", 30, 2);
 /// `sched:sched_switch`.
 pub const SWITCH_PREV_STATE: Field = field("prev_state", 32, 8);
 pub const SWITCH_NEXT_PID: Field = field("next_pid", 56, 4);
+pub const SWITCH_NEXT_COMM: Field = field("next_comm", 40, 16);
 /// `sched:sched_wakeup` and `sched:sched_wakeup_new`.
 pub const WAKEUP_PID: Field = field("pid", 24, 4);
 /// `sched:sched_process_fork`.
@@ -82,7 +83,7 @@ pub const SCHED_LAYOUTS: [Layout; 5] = [
     Layout {
         category: "sched",
         name: "sched_switch",
-        fields: &[SWITCH_PREV_STATE, SWITCH_NEXT_PID],
+        fields: &[SWITCH_PREV_STATE, SWITCH_NEXT_PID, SWITCH_NEXT_COMM],
     },
     Layout {
         category: "sched",

@@ -228,6 +228,7 @@ mod tests {
             slices: Vec::new(),
             samples: Vec::new(),
             offcpu: Vec::new(),
+            waits: Vec::new(),
             hits: Hits {
                 sites: 10,
                 syscalls: id as u32,

@@ -97,6 +97,7 @@ impl Tally {
             (kind::SWITCH_IN, "switch_in"),
             (kind::WAKEUP, "wakeup"),
             (kind::SAMPLE, "sample"),
+            (kind::TASK_NAME, "task_name"),
         ];
         let parts: Vec<String> = names
             .iter()
@@ -318,7 +319,9 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         lost_events: stream.lost_events(),
     })?;
     let drawing = Instant::now();
-    let pictures = sink.pictures.finish(&summary.bands, &stacks)?;
+    let pictures = sink
+        .pictures
+        .finish(&summary.bands, &stacks, sink.rebuilder.task_names())?;
     eprintln!(
         "tracer: pictures of {} requests ({} tail, {} median band; {} samples, {} in the tail) \
          drawn in {:.1}s",

@@ -360,6 +360,7 @@ mod tests {
                 .collect(),
             samples: vec![],
             offcpu: vec![],
+            waits: vec![],
         }
     }
 

@@ -54,8 +54,9 @@ fn every_event_kind_arrives_and_detach_is_clean() {
         assert!(line.contains(mode), "{line}");
     }
     let counts = event_counts(&stderr);
-    assert_eq!(counts.len(), 9, "{stderr}");
-    for (name, count) in &counts {
+    assert_eq!(counts.len(), 10, "{stderr}");
+    // A task name is sent only when a process outside the target takes its CPU.
+    for (name, count) in counts.iter().filter(|(name, _)| name != "task_name") {
         assert!(*count > 0, "no {name} events:\n{stderr}");
     }
     assert!(stderr.contains("stopped (duration reached)"), "{stderr}");

@@ -7,7 +7,9 @@ use std::fs;
 use std::path::Path;
 
 use tracer::flame::{Bands, FlameSession};
-use tracer::requests::{Hits, OffCpu, PARTS, Part, RequestRecord, Slice, StackSample};
+use tracer::requests::{
+    Hits, Holder, OffCpu, PARTS, Part, RequestRecord, Slice, StackSample, WaitCharge,
+};
 use tracer::symbolize::Symbolizer;
 use tracer::trace_json::ThreadNames;
 use tracer_ebpf::sites::Phase;
@@ -38,9 +40,12 @@ const WRITER: u32 = 200;
 const REQUESTS: u64 = 200;
 const TAIL_STACK: i64 = 1;
 const MEDIAN_STACK: i64 = 2;
+/// A task outside the gateway that held the CPU for part of every request's scheduling.
+const HOG: u32 = 777;
 
 /// Request `i` has overhead 100 µs + i µs, laid out as scheduling, auth on CPU, an fsync
-/// wait on the writer, and respond on CPU.
+/// wait on the writer, and respond on CPU; its scheduling waited 6 µs behind the hog and
+/// 4 µs behind another request's auth.
 fn record(i: u64) -> RequestRecord {
     let t0 = 1_000_000_000_000 + i * 1_000_000;
     let lengths = [
@@ -106,6 +111,24 @@ fn record(i: u64) -> RequestRecord {
                 part: Part::Scheduling,
             },
         ],
+        waits: vec![
+            WaitCharge {
+                part: Part::Scheduling,
+                holder: Holder::Process(HOG),
+                ns: 6_000,
+                kernel_stack: -1,
+                user_stack: -1,
+            },
+            WaitCharge {
+                part: Part::Scheduling,
+                holder: Holder::Request {
+                    phase: Some(Phase::Auth),
+                },
+                ns: 4_000,
+                kernel_stack: -1,
+                user_stack: TAIL_STACK,
+            },
+        ],
         hits: Hits::default(),
     }
 }
@@ -139,7 +162,14 @@ fn a_session_writes_every_picture_with_real_frames() {
         (WRITER, "ledger-writer".to_owned()),
     ]);
     let summary = session
-        .finish(&bands, &stacks, &mut symbolizer, &threads, 4242)
+        .finish(
+            &bands,
+            &stacks,
+            &mut symbolizer,
+            &threads,
+            &HashMap::from([(HOG, "hog".to_owned())]),
+            4242,
+        )
         .unwrap();
 
     assert_eq!(summary.requests, REQUESTS);
@@ -170,6 +200,8 @@ fn a_session_writes_every_picture_with_real_frames() {
             "tail-offcpu.svg",
             "tail-oncpu.folded",
             "tail-oncpu.svg",
+            "tail-wait.folded",
+            "tail-wait.svg",
             "trace.json",
         ],
         "every picture is written and the spill file is gone"
@@ -200,7 +232,33 @@ fn a_session_writes_every_picture_with_real_frames() {
     assert_eq!(off_folded.count_with_frame("ledger_fsync"), 100_000);
     assert_eq!(off_folded.count_with_frame("scheduling"), 10_000);
 
+    // The wait-for view: the tail's scheduling ns, all charged, the hog's share by name.
+    let wait_folded: tracer::flame::fold::Folded =
+        fs::read_to_string(dir.path().join("tail-wait.folded"))
+            .unwrap()
+            .parse()
+            .unwrap();
+    assert_eq!(wait_folded.total(), 20_000);
+    assert_eq!(wait_folded.count_with_frame("hog (pid 777)"), 12_000);
+    assert_eq!(wait_folded.count_with_frame("cpu.auth"), 8_000);
+    let wait_svg = svg_text(dir.path(), "tail-wait.svg");
+    assert!(
+        wait_svg.contains("hog (pid 777)") && wait_svg.contains("flame_session::tail_hot_path")
+    );
+    assert_eq!(summary.wait.scheduling_ns, 20_000);
+    assert_eq!(summary.wait.charged_ns, 20_000);
+    assert_eq!(
+        summary.wait.holders[0],
+        ("other process · hog (pid 777)".to_owned(), 12_000)
+    );
+    assert_eq!(summary.wait_all.charged_ns, 10_000 * REQUESTS);
+    let pictures: serde_json::Value =
+        serde_json::from_slice(&fs::read(dir.path().join("pictures.json")).unwrap()).unwrap();
+    assert_eq!(pictures["wait"]["scheduling_ns"], 20_000);
+    assert_eq!(pictures["wait_all"]["scheduling_ns"], 10_000 * REQUESTS);
+
     for folded in [
+        "tail-wait.folded",
         "tail-oncpu.folded",
         "all-oncpu.folded",
         "tail-offcpu.folded",

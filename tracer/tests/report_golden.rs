@@ -57,6 +57,7 @@ fn session() -> Vec<Outcome> {
             slices: Vec::new(),
             samples: Vec::new(),
             offcpu: Vec::new(),
+            waits: Vec::new(),
             hits: Hits {
                 sites: 22,
                 syscalls: 4,

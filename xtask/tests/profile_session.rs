@@ -17,12 +17,16 @@ const SVGS: [&str; 4] = [
     "tail-offcpu.svg",
     "tail-diff.svg",
 ];
-const FOLDED: [&str; 4] = [
+const FOLDED: [&str; 5] = [
     "tail-oncpu.folded",
     "all-oncpu.folded",
     "tail-offcpu.folded",
+    "tail-wait.folded",
     "median-oncpu.folded",
 ];
+/// The wait-for picture: its frames are holders, with a gateway stack only where a sample of
+/// the holder fell inside a wait, so it is checked for its root frame instead.
+const WAIT_SVG: &str = "tail-wait.svg";
 /// A frame of the gateway crate itself (its functions demangle to `gateway::...`).
 const GATEWAY_FRAME: &str = "gateway::";
 
@@ -90,6 +94,7 @@ fn check_session(out: &Path) {
     .iter()
     .chain(&SVGS)
     .chain(&FOLDED)
+    .chain(&[WAIT_SVG])
     {
         assert!(
             out.join(file).is_file(),
@@ -102,9 +107,20 @@ fn check_session(out: &Path) {
         "requests.csv(.gz) missing"
     );
     let readme = std::fs::read_to_string(out.join("README.md")).unwrap();
-    for svg in SVGS {
+    for svg in SVGS.iter().chain(&[WAIT_SVG]) {
         assert!(readme.contains(svg), "README.md does not link {svg}");
     }
+    assert!(
+        readme.contains("## While the tail waited, the CPU ran"),
+        "README.md has no wait-for table"
+    );
+    let wait = std::fs::read_to_string(out.join(WAIT_SVG)).unwrap();
+    let titles = frame_titles(&parse_svg(&wait));
+    assert!(
+        titles.iter().any(|t| t.starts_with("scheduling")),
+        "{WAIT_SVG}: no scheduling root among {} frames",
+        titles.len()
+    );
 
     for svg in SVGS {
         let text = std::fs::read_to_string(out.join(svg)).unwrap();

@@ -1,11 +1,15 @@
 //! Scheduler tracepoints (classic, field offsets checked against tracefs at attach time):
 //! switch-out/in and wakeups of the target's threads, and forks and exits that keep `TIDS`.
 
-use aya_ebpf::{bindings::BPF_F_USER_STACK, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    bindings::BPF_F_USER_STACK, helpers::bpf_get_smp_processor_id, macros::map, macros::tracepoint,
+    maps::LruHashMap, programs::TracePointContext,
+};
 use tracer_ebpf::{
-    abi::kind,
+    abi::{kind, switch},
     tracepoints::{
-        FORK_CHILD_PID, SWITCH_NEXT_PID, SWITCH_PREV_STATE, TASK_REPORT_MAX, WAKEUP_PID,
+        FORK_CHILD_PID, Field, SWITCH_NEXT_COMM, SWITCH_NEXT_PID, SWITCH_PREV_STATE,
+        TASK_REPORT_MAX, WAKEUP_PID,
     },
 };
 
@@ -16,6 +20,37 @@ use super::{
     },
     syscalls::IN_FLIGHT,
 };
+
+/// Pids outside the target whose name was already sent (TASK_NAME), so that a task taking the
+/// target's CPU over and over costs one lookup per switch, not one event.
+#[map]
+static NAMED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1024, 0);
+
+#[inline(always)]
+fn cpu() -> u32 {
+    // SAFETY: no preconditions.
+    unsafe { bpf_get_smp_processor_id() }
+}
+
+/// Sends the name of `pid`, a task outside the target, the first time it takes a target
+/// thread's CPU.
+#[inline(always)]
+fn name_once(ctx: &TracePointContext, ts: u64, pid: u32) {
+    // SAFETY: the value is a plain u8 and is only read, not kept.
+    if unsafe { NAMED.get(pid) }.is_some() {
+        return;
+    }
+    let _ = NAMED.insert(pid, 1, 0);
+    let low: u64 = field(ctx, SWITCH_NEXT_COMM);
+    let high: u64 = field(
+        ctx,
+        Field {
+            offset: SWITCH_NEXT_COMM.offset + 8,
+            ..SWITCH_NEXT_COMM
+        },
+    );
+    emit(ts, pid, kind::TASK_NAME, 0, [low, high, 0]);
+}
 
 /// A task switched out with none of the sleep-state bits (below TASK_REPORT_MAX) set was still
 /// runnable: preempted ("R+") or yielded ("R").
@@ -30,6 +65,8 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     let mut ts = 0;
     // The tracepoint runs in prev's context, so `current` is prev.
     let (tgid, prev_tid) = current();
+    let next_tid = field::<i32>(&ctx, SWITCH_NEXT_PID) as u32;
+    let next_is_target = next_tid != 0 && is_target_tid(next_tid);
     if tgid == config.tgid {
         ts = now();
         let prev_state: i64 = field(&ctx, SWITCH_PREV_STATE);
@@ -45,20 +82,23 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         if !is_target_tid(prev_tid) {
             add_target_tid(prev_tid);
         }
+        // Who took the CPU: the wait-for view charges a waiting request's time to it.
         emit(
             ts,
             prev_tid,
             kind::SWITCH_OUT,
             runnable,
-            [kernel_stack, user_stack, 0],
+            [kernel_stack, user_stack, switch::pack(next_tid, cpu())],
         );
+        if next_tid != 0 && !next_is_target {
+            name_once(&ctx, ts, next_tid);
+        }
     }
-    let next_tid = field::<i32>(&ctx, SWITCH_NEXT_PID) as u32;
-    if next_tid != 0 && is_target_tid(next_tid) {
+    if next_is_target {
         if ts == 0 {
             ts = now();
         }
-        emit(ts, next_tid, kind::SWITCH_IN, 0, [0; 3]);
+        emit(ts, next_tid, kind::SWITCH_IN, 0, [u64::from(cpu()), 0, 0]);
     }
     0
 }

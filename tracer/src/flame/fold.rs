@@ -270,6 +270,7 @@ mod tests {
                     part: Part::Scheduling,
                 },
             ],
+            waits: vec![],
         }
     }
 

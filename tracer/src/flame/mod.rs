@@ -1,6 +1,6 @@
 //! Tail pictures of a session: flamegraphs of where the slowest requests spent their time on
-//! and off CPU, a differential graph against the median band, and trace.json: the 20 slowest
-//! and 20 median requests on a timeline.
+//! and off CPU, what held the CPU while they waited ([`wait`]), a differential graph against
+//! the median band, and trace.json: the 20 slowest and 20 median requests on a timeline.
 //!
 //! The session pushes every complete request as it arrives ([`FlameSession::push`]); only a
 //! compact spill file grows with the session (memory stays flat). At the end the tail
@@ -10,9 +10,10 @@
 pub mod fold;
 pub mod render;
 pub mod spill;
+pub mod wait;
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::fs;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -28,6 +29,8 @@ use fold::{Folded, StackCounts};
 use render::Picture;
 use spill::Spill;
 pub use spill::SpilledRequest;
+use wait::WaitCounts;
+pub use wait::WaitSummary;
 
 /// How many requests of each group trace.json shows.
 pub const TRACE_REQUESTS_PER_GROUP: usize = 20;
@@ -40,6 +43,7 @@ pub mod files {
     pub const TAIL_ONCPU: &str = "tail-oncpu";
     pub const ALL_ONCPU: &str = "all-oncpu";
     pub const TAIL_OFFCPU: &str = "tail-offcpu";
+    pub const TAIL_WAIT: &str = "tail-wait";
     pub const MEDIAN_ONCPU: &str = "median-oncpu";
     pub const TAIL_DIFF: &str = "tail-diff.svg";
     pub const TRACE: &str = "trace.json";
@@ -53,7 +57,7 @@ pub struct FlameSession {
 }
 
 /// What the pictures show, also written as `pictures.json`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct FlameSummary {
     pub requests: u64,
     pub tail_requests: u64,
@@ -62,6 +66,9 @@ pub struct FlameSummary {
     pub tail_samples: u64,
     pub median_samples: u64,
     pub tail_offcpu_ns: u64,
+    pub wait: WaitSummary,
+    /// The same over every complete request: what requests wait behind in general.
+    pub wait_all: WaitSummary,
     pub trace: TraceSummary,
     pub slowest_ids: Vec<u64>,
     pub median_ids: Vec<u64>,
@@ -100,9 +107,12 @@ impl FlameSession {
         stacks: &dyn StackSource,
         symbolizer: &mut Symbolizer,
         threads: &ThreadNames,
+        tasks: &HashMap<u32, String>,
         gateway_pid: u32,
     ) -> Result<FlameSummary> {
         let mut all = StackCounts::default();
+        let mut tail_wait = WaitCounts::default();
+        let mut all_wait = WaitCounts::default();
         let mut tail = StackCounts::default();
         let mut median = StackCounts::default();
         let mut tail_off = StackCounts::default();
@@ -124,11 +134,13 @@ impl FlameSession {
             summary.requests += 1;
             summary.all_samples += req.samples.len() as u64;
             all.add_samples(&req);
+            all_wait.add(&req);
             if bands.is_tail(overhead) {
                 summary.tail_requests += 1;
                 summary.tail_samples += req.samples.len() as u64;
                 tail.add_samples(&req);
                 tail_off.add_offcpu(&req);
+                tail_wait.add(&req);
             }
             if bands.is_median(overhead) {
                 summary.median_requests += 1;
@@ -157,6 +169,9 @@ impl FlameSession {
         let median_folded = median.fold(stacks, symbolizer);
         let tail_off_folded = tail_off.fold(stacks, symbolizer);
         summary.tail_offcpu_ns = tail_off_folded.total();
+        let tail_wait_folded = tail_wait.fold(stacks, symbolizer, threads, tasks);
+        summary.wait = tail_wait.summary(threads, tasks);
+        summary.wait_all = all_wait.summary(threads, tasks);
 
         let tail_us = bands.tail_above_ns as f64 / 1e3;
         let (lo_us, hi_us) = (
@@ -201,6 +216,29 @@ impl FlameSession {
                 subtitle: "root frame = part charged; stack at switch-out; ledger-writer;fdatasync|sign = \
                            writer time with no switch-out stack"
                     .to_owned(),
+                count_name: "ns",
+            },
+        )?;
+        let uncovered = summary
+            .wait
+            .scheduling_ns
+            .abs_diff(tail_wait_folded.total());
+        self.write_pair(
+            files::TAIL_WAIT,
+            &tail_wait_folded,
+            &Picture {
+                title: format!(
+                    "While {} tail requests waited for the CPU ({:.1} ms of scheduling): what ran instead",
+                    summary.tail_requests,
+                    summary.wait.scheduling_ns as f64 / 1e6
+                ),
+                subtitle: format!(
+                    "root = waiter's part; then the holder; then its stack where a sample of it fell inside; \
+                     {:.1} ms charged, {:.1} ms on an unseen CPU, {:.1} ms not charged",
+                    tail_wait_folded.total() as f64 / 1e6,
+                    summary.wait.unknown_ns as f64 / 1e6,
+                    uncovered as f64 / 1e6
+                ),
                 count_name: "ns",
             },
         )?;
@@ -289,11 +327,23 @@ impl Pictures {
     }
 
     /// Draws every picture. `stacks` is the session's stack-trace map (it outlives detach).
-    pub fn finish(mut self, bands: &Bands, stacks: &dyn StackSource) -> Result<FlameSummary> {
+    /// `tasks`: names of the tasks outside the target that took its CPU (the rebuild's).
+    pub fn finish(
+        mut self,
+        bands: &Bands,
+        stacks: &dyn StackSource,
+        tasks: &HashMap<u32, String>,
+    ) -> Result<FlameSummary> {
         // Threads started after attach (or renamed) are named too, if the target still runs.
         self.threads.extend(trace_json::read_thread_names(self.pid));
-        self.session
-            .finish(bands, stacks, &mut self.symbolizer, &self.threads, self.pid)
+        self.session.finish(
+            bands,
+            stacks,
+            &mut self.symbolizer,
+            &self.threads,
+            tasks,
+            self.pid,
+        )
     }
 }
 
@@ -317,6 +367,8 @@ fn summary_json(s: &FlameSummary, bands: &Bands) -> String {
         "median_band": { "overhead_ns": [bands.median_lo_ns, bands.median_hi_ns], "requests": s.median_requests,
                          "samples": s.median_samples },
         "all_samples": s.all_samples,
+        "wait": s.wait.to_json(),
+        "wait_all": s.wait_all.to_json(),
         "trace": { "slowest_req_ids": s.slowest_ids, "median_req_ids": s.median_ids,
                    "thread_tracks": s.trace.thread_tracks, "complete_events": s.trace.events },
         "kernel_symbols": s.kernel_names,

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 
 use tracer_ebpf::sites::Phase;
 
-use crate::requests::{OffCpu, PARTS, Part, RequestRecord, Slice, StackSample};
+use crate::requests::{
+    Holder, OffCpu, PARTS, Part, RequestRecord, Slice, StackSample, WaitCharge, WriterWork,
+};
 
 /// The parts of a [`RequestRecord`] the pictures use (everything but the hit counts).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +27,7 @@ pub struct SpilledRequest {
     pub slices: Vec<Slice>,
     pub samples: Vec<StackSample>,
     pub offcpu: Vec<OffCpu>,
+    pub waits: Vec<WaitCharge>,
 }
 
 impl SpilledRequest {
@@ -179,6 +182,49 @@ fn encode(r: &RequestRecord, out: &mut Vec<u8>) {
         put_i(out, o.user_stack);
         put_u(out, o.part.index() as u64);
     }
+    put_u(out, r.waits.len() as u64);
+    for w in &r.waits {
+        put_u(out, w.part.index() as u64);
+        let (tag, value) = holder_code(w.holder);
+        put_u(out, tag);
+        put_u(out, value);
+        put_u(out, w.ns);
+        put_i(out, w.kernel_stack);
+        put_i(out, w.user_stack);
+    }
+}
+
+const WORKS: [WriterWork; 3] = [WriterWork::Sign, WriterWork::Fsync, WriterWork::Other];
+
+/// (tag, value) of a holder.
+fn holder_code(holder: Holder) -> (u64, u64) {
+    match holder {
+        Holder::Request { phase } => (0, phase.map_or(0, |p| p as u64)),
+        Holder::Writer(work) => (1, WORKS.iter().position(|w| *w == work).unwrap_or(0) as u64),
+        Holder::WriterBlocked => (2, 0),
+        Holder::Thread(tid) => (3, u64::from(tid)),
+        Holder::Process(pid) => (4, u64::from(pid)),
+        Holder::Idle => (5, 0),
+        Holder::Unknown => (6, 0),
+    }
+}
+
+fn holder_from(tag: u64, value: u64) -> Option<Holder> {
+    Some(match tag {
+        0 => Holder::Request {
+            phase: match value {
+                0 => None,
+                id => Some(Phase::from_id(id)?),
+            },
+        },
+        1 => Holder::Writer(*WORKS.get(usize::try_from(value).ok()?)?),
+        2 => Holder::WriterBlocked,
+        3 => Holder::Thread(u32::try_from(value).ok()?),
+        4 => Holder::Process(u32::try_from(value).ok()?),
+        5 => Holder::Idle,
+        6 => Holder::Unknown,
+        _ => return None,
+    })
 }
 
 fn decode(body: &[u8]) -> Option<SpilledRequest> {
@@ -227,6 +273,17 @@ fn decode(body: &[u8]) -> Option<SpilledRequest> {
             })
         })
         .collect::<Option<Vec<_>>>()?;
+    let waits = (0..c.count()?)
+        .map(|_| {
+            Some(WaitCharge {
+                part: c.part()?,
+                holder: holder_from(c.u()?, c.u()?)?,
+                ns: c.u()?,
+                kernel_stack: c.i()?,
+                user_stack: c.i()?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
     (c.at == body.len()).then_some(SpilledRequest {
         req_id,
         status,
@@ -236,6 +293,7 @@ fn decode(body: &[u8]) -> Option<SpilledRequest> {
         slices,
         samples,
         offcpu,
+        waits,
     })
 }
 
@@ -333,6 +391,31 @@ mod tests {
                 user_stack: -1,
                 part: Part::LedgerFsync,
             }],
+            waits: vec![
+                WaitCharge {
+                    part: Part::Scheduling,
+                    holder: Holder::Process(4242),
+                    ns: 30,
+                    kernel_stack: -1,
+                    user_stack: -1,
+                },
+                WaitCharge {
+                    part: Part::Scheduling,
+                    holder: Holder::Request {
+                        phase: Some(Phase::Auth),
+                    },
+                    ns: 10,
+                    kernel_stack: 3,
+                    user_stack: 4,
+                },
+                WaitCharge {
+                    part: Part::LedgerOther,
+                    holder: Holder::Writer(WriterWork::Other),
+                    ns: 1,
+                    kernel_stack: -1,
+                    user_stack: -1,
+                },
+            ],
             hits: Hits::default(),
         }
     }
@@ -357,6 +440,7 @@ mod tests {
             assert_eq!(got.slices, want.slices);
             assert_eq!(got.samples, want.samples);
             assert_eq!(got.offcpu, want.offcpu);
+            assert_eq!(got.waits, want.waits);
             assert_eq!(got.overhead_ns(), want.overhead_ns());
         }
         let path = dir.path().join(".flame-spill.bin");

@@ -46,14 +46,16 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
-use tracer_ebpf::abi::{Event, kind, syscall};
+use tracer_ebpf::abi::{Event, kind, switch, syscall};
 use tracer_ebpf::sites::{Phase, Site};
 
+use super::cpus::CpuLog;
 use super::kernel::KernelStats;
 use super::record::{Hits, Incomplete, Outcome, Part, RequestRecord, StackSample};
 use super::sockets::Sockets;
 use super::threads::{RunState, SchedEv, Threads};
 use super::timeline::{Piece, Timeline};
+use super::wait::{self, Activity, Sources};
 use super::writer::WriterLog;
 
 /// How long (event time) an outcome is held back for a late loss report.
@@ -191,6 +193,8 @@ pub struct Rebuilder {
     sockets: Sockets,
     threads: Threads,
     writer: WriterLog,
+    cpus: CpuLog,
+    activity: Activity,
     open: HashMap<u64, OpenRequest>,
     by_client_fd: HashMap<u64, u64>,
     by_upstream_fd: HashMap<u64, u64>,
@@ -230,6 +234,11 @@ impl Rebuilder {
         self.sockets.never_claimed
     }
 
+    /// Names of the tasks outside the target that took a target thread's CPU, by pid.
+    pub fn task_names(&self) -> &HashMap<u32, String> {
+        self.cpus.names()
+    }
+
     /// Requests begun and not yet decided.
     pub fn open_requests(&self) -> usize {
         self.open.len()
@@ -249,15 +258,23 @@ impl Rebuilder {
             }
             kind::DATA_READY => self.data_ready(ev),
             kind::ESTABLISHED => self.sockets.established(ev.ts_ns, ev.args[0]),
-            kind::SWITCH_OUT => self.sched(
-                ev,
-                SchedEv::Out {
-                    preempted: ev.sub == 1,
-                    kernel_stack: ev.args[0] as i64,
-                    user_stack: ev.args[1] as i64,
-                },
-            ),
-            kind::SWITCH_IN => self.sched(ev, SchedEv::In),
+            kind::SWITCH_OUT => {
+                let (next_pid, cpu) = switch::unpack(ev.args[2]);
+                self.cpus.switch_out(ev.ts_ns, ev.tid, next_pid, cpu);
+                self.sched(
+                    ev,
+                    SchedEv::Out {
+                        preempted: ev.sub == 1,
+                        kernel_stack: ev.args[0] as i64,
+                        user_stack: ev.args[1] as i64,
+                    },
+                )
+            }
+            kind::SWITCH_IN => {
+                self.cpus.switch_in(ev.ts_ns, ev.tid, ev.args[0] as u32);
+                self.sched(ev, SchedEv::In)
+            }
+            kind::TASK_NAME => self.cpus.task_name(ev.tid, [ev.args[0], ev.args[1]]),
             kind::WAKEUP => self.sched(ev, SchedEv::Wakeup),
             kind::SAMPLE => self.sample(ev),
             _ => {}
@@ -371,6 +388,15 @@ impl Rebuilder {
     }
 
     fn site(&mut self, ev: &Event) {
+        self.site_inner(ev);
+        // What the thread polls from now on, for the wait-for view.
+        let polled = self
+            .polled_id(ev.tid)
+            .and_then(|id| Some((id, self.open.get(&id)?.phases.current())));
+        self.activity.polling(ev.ts_ns, ev.tid, polled);
+    }
+
+    fn site_inner(&mut self, ev: &Event) {
         self.threads.on_cpu(ev.ts_ns, ev.tid);
         let Some(site) = Site::from_id(ev.sub) else {
             return;
@@ -513,6 +539,8 @@ impl Rebuilder {
             }
             _ => (ts, true),
         };
+        self.activity
+            .worked_for(tid, read_enter, ts, id, Phase::Parse);
         self.by_client_fd.insert(fd, id);
         self.sockets.mark_client(fd);
         // The handler's first poll starts now, on this thread.
@@ -625,13 +653,15 @@ impl Rebuilder {
             return;
         };
         let Some(r) = self.open.get(&id) else { return };
-        let Some(last) = r.polls.last() else { return };
+        let Some(&last) = r.polls.last() else { return };
         if !r.polled_to_completion || enter < last.exit {
             return;
         }
         let Some(req) = self.open.remove(&id) else {
             return;
         };
+        self.activity
+            .worked_for(last.tid, last.exit, enter, id, Phase::Respond);
         self.forget(&req);
         let outcome = match self.complete(&req, enter) {
             Ok(record) => Outcome::Complete(record),
@@ -677,6 +707,8 @@ impl Rebuilder {
     fn sample(&mut self, ev: &Event) {
         self.threads.on_cpu(ev.ts_ns, ev.tid);
         let (ts_ns, tid) = (ev.ts_ns, ev.tid);
+        self.activity
+            .sample(ts_ns, tid, ev.args[0] as i64, ev.args[1] as i64);
         if let Some(r) = self.polled_by(tid) {
             r.hits.samples += 1;
             let phase = r.phases.current();
@@ -712,6 +744,8 @@ impl Rebuilder {
         self.sockets.prune(horizon);
         self.threads.prune(horizon);
         self.writer.prune(horizon);
+        self.cpus.prune(horizon);
+        self.activity.prune(horizon);
         self.losses.retain(|&(_, to)| to >= horizon);
         self.polling.retain(|_, s| !s.is_empty());
     }
@@ -781,6 +815,13 @@ impl Rebuilder {
             tl.overlay(up.send.max(t_arrive), a.min(t_done), Part::Upstream, 0);
         }
         let built = tl.build(t_arrive, t_done)?;
+        let sources = Sources {
+            cpus: &self.cpus,
+            activity: &self.activity,
+            writer: &self.writer,
+            threads: &self.threads,
+        };
+        let waits = wait::attribute(&sources, &built.slices, req.begin_tid);
         Ok(RequestRecord {
             req_id: req.req_id,
             status,
@@ -798,6 +839,7 @@ impl Rebuilder {
                 })
                 .collect(),
             offcpu: built.offcpu,
+            waits,
             hits: req.hits,
         })
     }

@@ -127,6 +127,9 @@ pub struct RequestRecord {
     pub slices: Vec<Slice>,
     pub samples: Vec<StackSample>,
     pub offcpu: Vec<OffCpu>,
+    /// What held the CPU (or the writer) while it waited: its `scheduling` and receipt parts
+    /// charged to holders (see `wait`).
+    pub waits: Vec<super::WaitCharge>,
     /// Probe-site, syscall, socket, sched and sample events that belonged to this request.
     pub hits: Hits,
 }

@@ -2,7 +2,7 @@
 //! so a test reads like the timeline it describes. [`Stream::events`] sorts them by ts
 //! (stably: equal stamps keep the order they were written in), as the reader would.
 
-use tracer_ebpf::abi::{Event, kind, syscall};
+use tracer_ebpf::abi::{Event, kind, switch, syscall};
 use tracer_ebpf::sites::{Phase, Site};
 
 use super::{Outcome, Rebuilder};
@@ -127,6 +127,36 @@ impl Stream {
 
     pub fn switch_in(&mut self, ts: u64, tid: u32) -> &mut Self {
         self.ev(ts, tid, kind::SWITCH_IN, 0, [0; 3])
+    }
+
+    /// Switched out on `cpu`, `next_pid` (0: idle) taking the CPU; stacks as `switch_out`.
+    pub fn switch_to(
+        &mut self,
+        ts: u64,
+        tid: u32,
+        preempted: bool,
+        next_pid: u32,
+        cpu: u32,
+    ) -> &mut Self {
+        let args = [
+            u64::from(tid),
+            u64::from(tid) + 1,
+            switch::pack(next_pid, cpu),
+        ];
+        self.ev(ts, tid, kind::SWITCH_OUT, u16::from(preempted), args)
+    }
+
+    pub fn switch_in_on(&mut self, ts: u64, tid: u32, cpu: u32) -> &mut Self {
+        self.ev(ts, tid, kind::SWITCH_IN, 0, [u64::from(cpu), 0, 0])
+    }
+
+    /// The name of a task outside the target (at most 16 bytes, as the kernel's comm).
+    pub fn task_name(&mut self, ts: u64, pid: u32, name: &str) -> &mut Self {
+        let mut comm = [0u8; 16];
+        let n = name.len().min(16);
+        comm[..n].copy_from_slice(&name.as_bytes()[..n]);
+        let word = |i: usize| u64::from_le_bytes(comm[i..i + 8].try_into().expect("8 bytes"));
+        self.ev(ts, pid, kind::TASK_NAME, 0, [word(0), word(8), 0])
     }
 
     pub fn wakeup(&mut self, ts: u64, tid: u32) -> &mut Self {

@@ -86,6 +86,11 @@ impl WriterLog {
         );
     }
 
+    /// `tid` has sealed a batch: it is a ledger writer.
+    pub(crate) fn is_writer(&self, tid: u32) -> bool {
+        self.batch_hits.contains_key(&tid)
+    }
+
     /// The current batch of `tid`, if `tid` is a writer inside one.
     pub(crate) fn batch_mut(&mut self, tid: u32) -> Option<&mut Hits> {
         self.batch_hits.get_mut(&tid)

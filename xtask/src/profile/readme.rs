@@ -398,6 +398,12 @@ fn render(
         );
     }
 
+    w.push_str(&wait_tables(
+        &pictures["wait"],
+        &pictures["wait_all"],
+        &tail["requests"],
+    ));
+
     let _ = writeln!(w, "\n## Client view (loadgen.json)\n");
     let latency = &loadgen["latency_us"];
     if latency.is_object() {
@@ -424,6 +430,7 @@ fn render(
         ("tail-oncpu.svg", format!("on-CPU samples of the {tail_n} tail requests ({} samples)", pictures["tail"]["samples"])),
         ("all-oncpu.svg", format!("on-CPU samples of all {} requests ({} samples)", pictures["requests"], pictures["all_samples"])),
         ("tail-offcpu.svg", format!("off-CPU ns of the tail requests, by stack at switch-out, writer fsync and signing included ({:.1} ms)", pictures["tail"]["offcpu_ns"].as_f64().unwrap_or(0.0) / 1e6)),
+        ("tail-wait.svg", format!("what ran on the CPU while the tail requests were ready but not running ({:.1} ms of scheduling; see *While the tail waited*)", pictures["wait"]["scheduling_ns"].as_f64().unwrap_or(0.0) / 1e6)),
         ("tail-diff.svg", format!("tail vs the {median_n} median-band requests (p45..p55), differential")),
         ("trace.json", "the 20 slowest and 20 median requests on a timeline: open in https://ui.perfetto.dev or chrome://tracing".to_owned()),
     ] {
@@ -431,7 +438,7 @@ fn render(
     }
     let _ = writeln!(
         w,
-        "- folded stacks: tail-oncpu.folded, all-oncpu.folded, tail-offcpu.folded, median-oncpu.folded"
+        "- folded stacks: tail-oncpu.folded, all-oncpu.folded, tail-offcpu.folded, tail-wait.folded, median-oncpu.folded"
     );
     if pictures["kernel_symbols"] == Value::Bool(false) {
         let _ = writeln!(
@@ -491,9 +498,197 @@ fn render(
     md
 }
 
+/// Holder rows shown before the rest is summed into one.
+const TOP_HOLDERS: usize = 12;
+/// The wait-for total may differ from the tail's scheduling by this much before the README
+/// names the remainder.
+const COVER_TOLERANCE: f64 = 0.05;
+
+/// "While the tail waited": pictures.json's `wait` section as two tables, what held the CPU
+/// during the tail's `scheduling` and what the writer did during its receipt wait.
+fn wait_tables(wait: &Value, wait_all: &Value, tail_requests: &Value) -> String {
+    let mut md = String::new();
+    let w = &mut md;
+    let ns = |v: &Value| v.as_f64().unwrap_or(0.0);
+    let scheduling = ns(&wait["scheduling_ns"]);
+    let Some(holders) = wait["holders"].as_array() else {
+        let _ = writeln!(
+            w,
+            "\n## While the tail waited, the CPU ran\n\npictures.json has no `wait` section (a session from before the wait-for view)."
+        );
+        return md;
+    };
+    let per_request = tail_requests.as_f64().filter(|n| *n > 0.0).unwrap_or(1.0);
+    let _ = writeln!(
+        w,
+        "\n## While the tail waited, the CPU ran\n\nThe {tail_requests} tail requests were ready but not running (`scheduling`) for {:.2} ms in all. \
+         Each such interval is charged to what ran on the CPU they waited for ([tail-wait.svg](tail-wait.svg), pictures.json `wait`):\n",
+        scheduling / 1e6
+    );
+    let _ = writeln!(
+        w,
+        "| holder | ms | share of the tail's scheduling | µs per tail request |\n|---|---|---|---|"
+    );
+    let share = |x: f64| {
+        if scheduling > 0.0 {
+            format!("{:.1}%", x / scheduling * 100.0)
+        } else {
+            "–".to_owned()
+        }
+    };
+    let row = |w: &mut String, name: &str, x: f64| {
+        let _ = writeln!(
+            w,
+            "| {name} | {:.3} | {} | {:.1} |",
+            x / 1e6,
+            share(x),
+            x / 1e3 / per_request
+        );
+    };
+    for h in holders.iter().take(TOP_HOLDERS) {
+        row(w, h["holder"].as_str().unwrap_or("?"), ns(&h["ns"]));
+    }
+    if holders.len() > TOP_HOLDERS {
+        let rest: f64 = holders[TOP_HOLDERS..].iter().map(|h| ns(&h["ns"])).sum();
+        row(
+            w,
+            &format!("{} other holders", holders.len() - TOP_HOLDERS),
+            rest,
+        );
+    }
+    let charged = ns(&wait["charged_ns"]);
+    row(w, "**total charged**", charged);
+    let unknown = ns(&wait["unknown_ns"]);
+    let uncovered = (scheduling - charged).abs() + unknown;
+    if scheduling > 0.0 && uncovered / scheduling > COVER_TOLERANCE {
+        let _ = writeln!(
+            w,
+            "\n**Uncovered: {:.3} ms ({}) of the tail's scheduling** has no known holder: {:.3} ms on a CPU with no switch seen yet (`[cpu not seen]`), {:.3} ms not charged at all.",
+            uncovered / 1e6,
+            share(uncovered),
+            unknown / 1e6,
+            (scheduling - charged).abs() / 1e6
+        );
+    } else {
+        let _ = writeln!(
+            w,
+            "\nThe holders cover the tail's scheduling to within {:.0}% ({} has no known holder).",
+            COVER_TOLERANCE * 100.0,
+            share(uncovered)
+        );
+    }
+    if let Some(all) = wait_all["holders"].as_array().filter(|h| !h.is_empty()) {
+        let total = ns(&wait_all["scheduling_ns"]);
+        let top: Vec<String> = all
+            .iter()
+            .take(3)
+            .map(|h| {
+                format!(
+                    "{} {:.1}%",
+                    h["holder"].as_str().unwrap_or("?"),
+                    ns(&h["ns"]) / total.max(1.0) * 100.0
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            w,
+            "Over every complete request ({:.2} ms of scheduling, pictures.json `wait_all`), the largest holders: {}.",
+            total / 1e6,
+            top.join(", ")
+        );
+    }
+    let all_holders = wait_all["holders"].as_array().into_iter().flatten();
+    if holders.iter().chain(all_holders).any(|h| {
+        h["holder"]
+            .as_str()
+            .is_some_and(|name| name.starts_with("idle"))
+    }) {
+        let _ = writeln!(
+            w,
+            "`idle` means nothing ran while the request was ready: that wait had another cause (wakeup latency), not a busy CPU."
+        );
+    }
+
+    if let Some(receipt) = wait["receipt"].as_array().filter(|r| !r.is_empty()) {
+        let total = ns(&wait["receipt_ns"]);
+        let _ = writeln!(
+            w,
+            "\n### While the tail waited for its receipt, the writer\n\nThe tail's receipt wait ({:.2} ms: `ledger_fsync`, `signing`, `ledger_other`) by what the ledger writer did; \
+             in `ledger_other`, a writer waiting for the CPU is charged to what held it:\n",
+            total / 1e6
+        );
+        let _ = writeln!(
+            w,
+            "| part | writer / holder | ms | share of the receipt wait |\n|---|---|---|---|"
+        );
+        for r in receipt.iter().take(TOP_HOLDERS) {
+            let x = ns(&r["ns"]);
+            let _ = writeln!(
+                w,
+                "| {} | {} | {:.3} | {} |",
+                r["part"].as_str().unwrap_or("?"),
+                r["holder"].as_str().unwrap_or("?"),
+                x / 1e6,
+                if total > 0.0 {
+                    format!("{:.1}%", x / total * 100.0)
+                } else {
+                    "–".to_owned()
+                }
+            );
+        }
+    }
+    md
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn wait_json(unknown_ns: u64) -> Value {
+        serde_json::json!({
+            "scheduling_ns": 10_000_000u64,
+            "charged_ns": 10_000_000u64,
+            "unknown_ns": unknown_ns,
+            "holders": [
+                {"holder": "other process · sh (pid 7)", "ns": 6_000_000u64 - unknown_ns},
+                {"holder": "ledger-writer · sign", "ns": 4_000_000u64},
+                {"holder": "[cpu not seen]", "ns": unknown_ns},
+            ],
+            "receipt_ns": 2_000_000u64,
+            "receipt": [{"part": "ledger_fsync", "holder": "ledger-writer · fdatasync", "ns": 2_000_000u64}],
+        })
+    }
+
+    #[test]
+    fn the_wait_table_ranks_holders_and_names_an_uncovered_remainder() {
+        let all = serde_json::json!({
+            "scheduling_ns": 20_000_000u64,
+            "holders": [{"holder": "idle (the wait had another cause)", "ns": 5_000_000u64}],
+        });
+        let md = wait_tables(&wait_json(0), &all, &Value::from(4));
+        assert!(
+            md.contains("| other process · sh (pid 7) | 6.000 | 60.0% | 1500.0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| **total charged** | 10.000 | 100.0% |"),
+            "{md}"
+        );
+        assert!(md.contains("to within 5%"), "{md}");
+        assert!(
+            md.contains("the largest holders: idle (the wait had another cause) 25.0%."),
+            "{md}"
+        );
+        assert!(md.contains("`idle` means nothing ran"), "{md}");
+        assert!(
+            md.contains("| ledger_fsync | ledger-writer · fdatasync | 2.000 | 100.0% |"),
+            "{md}"
+        );
+        let md = wait_tables(&wait_json(1_000_000), &Value::Null, &Value::from(4));
+        assert!(md.contains("**Uncovered: 1.000 ms (10.0%)"), "{md}");
+        let md = wait_tables(&Value::Null, &Value::Null, &Value::from(4));
+        assert!(md.contains("no `wait` section"), "{md}");
+    }
 
     #[test]
     fn a_loop_that_fell_behind_is_flagged() {
