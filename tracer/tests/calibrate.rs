@@ -2,7 +2,10 @@
 //! machine's other load did not swamp, and leaves nothing attached. No timing thresholds:
 //! the numbers are printed, not judged.
 
-use tracer::calibrate::{self, Calibration, KindCost};
+use tracer::{
+    attach::detect::{Choice, Plan},
+    calibrate::{self, Calibration, KindCost},
+};
 
 fn is_root() -> bool {
     // SAFETY: no preconditions.
@@ -30,7 +33,8 @@ fn every_kind_gets_a_positive_finite_cost() {
     }
     let mut positive = [false; 4];
     for attempt in 1..=ATTEMPTS {
-        let calibration = calibrate::run().expect("calibration");
+        let plan = Plan::new(Choice::Auto).expect("detecting attach modes");
+        let calibration = calibrate::run(&plan).expect("calibration");
         for (i, (name, cost)) in kinds(&calibration).into_iter().enumerate() {
             eprintln!(
                 "attempt {attempt}: {name} {:.1} ns per hit (rounds {:.1}..{:.1}, untraced \
