@@ -10,6 +10,12 @@
 //! cargo that runs the test, in the workspace, so `CARGO_TARGET_DIR` and `.cargo/config.toml`
 //! apply as for any build) and takes the executables' paths from cargo's JSON messages. On a
 //! clean clone the first run therefore includes a release build of those two packages.
+//! With `TRACER_E2E_BIN_DIR` set it takes them from that directory instead (`cargo xtask
+//! vmtest` builds them on the host and runs this test in a guest, which has no toolchain).
+//!
+//! `TRACER_ATTACH` (auto, tracepoint, kprobe, fentry) is passed as the tracer's `--attach`; a
+//! forced mode must then be the one breakdown.json says syscalls and sockets used.
+//! `TRACER_E2E_RATE` sets the request rate (default 300/s).
 
 mod attach_common;
 
@@ -26,8 +32,9 @@ use std::{
 use attach_common::{leftover_uprobes, program_ids, require_root, still_loaded};
 
 /// The load: well below the gateway's max, so nothing queues and nothing may be lost.
-const RATE: &str = "300";
-const LOAD_SECONDS: &str = "3";
+/// `TRACER_E2E_RATE` overrides it where the gateway is slower (an emulated guest).
+const RATE: u64 = 300;
+const LOAD_SECONDS: u64 = 3;
 const GATEWAY_CPU: &str = "0";
 const LOAD_CPU: &str = "1";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -40,6 +47,14 @@ struct Binaries {
 }
 
 fn build_binaries() -> Binaries {
+    if let Some(dir) = std::env::var_os("TRACER_E2E_BIN_DIR") {
+        let dir = PathBuf::from(dir);
+        return Binaries {
+            gateway: dir.join("gateway"),
+            mock_upstream: dir.join("mock-upstream"),
+            loadgen: dir.join("loadgen"),
+        };
+    }
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let output = Command::new(env!("CARGO"))
         .current_dir(workspace)
@@ -229,10 +244,12 @@ fn traced_gateway_requests_match_the_client() {
     let gateway_url = format!("http://{}", gateway.wait_listening());
 
     let pid = gateway.pid().to_string();
+    let attach = std::env::var("TRACER_ATTACH").unwrap_or_else(|_| "auto".to_owned());
     let mut tracer_command = Command::new("taskset");
     tracer_command
         .args(["-c", LOAD_CPU, env!("CARGO_BIN_EXE_tracer")])
-        .args(["record", "--pid", &pid, "--out", out.to_str().unwrap()]);
+        .args(["record", "--pid", &pid, "--out", out.to_str().unwrap()])
+        .args(["--attach", &attach]);
     let mut tracer = Running::spawn("tracer", tracer_command);
     let stderr = Arc::new(Mutex::new(String::new()));
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -259,11 +276,18 @@ fn traced_gateway_requests_match_the_client() {
     }
     let attached_s = started.elapsed().as_secs_f64();
 
+    let rate: u64 = std::env::var("TRACER_E2E_RATE")
+        .map(|rate| {
+            rate.parse()
+                .expect("TRACER_E2E_RATE is requests per second")
+        })
+        .unwrap_or(RATE);
     let loadgen = Command::new("taskset")
         .args(["-c", LOAD_CPU])
         .arg(&bins.loadgen)
         .args(["--url", &gateway_url, "--key", &key])
-        .args(["--rate", RATE, "--duration", LOAD_SECONDS, "--warmup", "0"])
+        .args(["--rate", &rate.to_string()])
+        .args(["--duration", &LOAD_SECONDS.to_string(), "--warmup", "0"])
         .args(["--connections", "8", "--quiet", "--requests-out"])
         .arg(&client_csv)
         .output()
@@ -283,6 +307,9 @@ fn traced_gateway_requests_match_the_client() {
         "e2e: attached after {attached_s:.1}s, done after {:.1}s",
         started.elapsed().as_secs_f64()
     );
+    for line in stderr.lines().filter(|l| l.starts_with("tracer: attach ")) {
+        eprintln!("e2e: {line}");
+    }
 
     // Nothing of ours outlives the tracer.
     let ids = program_ids(&stderr);
@@ -301,7 +328,8 @@ fn traced_gateway_requests_match_the_client() {
     // The client's view: every request answered 200.
     let client = read_csv(&client_csv);
     assert!(
-        client.len() >= 800,
+        // At least 8/9 of the schedule (800 requests at the default rate).
+        client.len() as u64 >= rate * LOAD_SECONDS * 8 / 9,
         "loadgen sent only {} requests",
         client.len()
     );
@@ -384,6 +412,17 @@ fn traced_gateway_requests_match_the_client() {
     assert_eq!(breakdown["lost_events"], 0, "{breakdown}");
     assert_eq!(breakdown["requests"], traced.len() as u64);
     assert_eq!(breakdown["incomplete"], 0);
+    let modes = &breakdown["attach_modes"];
+    eprintln!(
+        "e2e: attach_modes syscalls={} sockets={} sched={} sites={}",
+        modes["syscalls"], modes["sockets"], modes["sched"], modes["sites"]
+    );
+    assert_eq!(modes["attach"], attach.as_str(), "{modes}");
+    if attach != "auto" {
+        for group in ["syscalls", "sockets"] {
+            assert_eq!(modes[group], attach.as_str(), "{group}: {modes}");
+        }
+    }
     // The pictures are written on SIGINT too.
     for file in [
         "tail-oncpu.svg",
