@@ -215,3 +215,47 @@ fn guest_script(args: &Args, tests: &[(String, PathBuf)], bin_dir: &Path) -> Str
     script.push_str("exit $failed\n");
     script
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn the_script_runs_every_test_in_every_mode_and_fails_if_any_did() {
+        let cli = Cli::parse_from(["vmtest", "--attach", "fentry,kprobe", "--rate", "40"]);
+        let tests = [
+            ("e2e_gateway".to_owned(), PathBuf::from("/t/e2e")),
+            ("calibrate".to_owned(), PathBuf::from("/t/cal")),
+        ];
+        let script = guest_script(&cli.args, &tests, Path::new("/t/release"));
+        for mode in ["fentry", "kprobe"] {
+            assert!(
+                script.contains(&format!(
+                    "TRACER_ATTACH={mode} TRACER_E2E_BIN_DIR='/t/release' '/t/e2e'"
+                )),
+                "{script}"
+            );
+            assert!(
+                script.contains(&format!("calibrate --attach {mode}")),
+                "{script}"
+            );
+        }
+        assert!(script.contains("TRACER_E2E_RATE=40"), "{script}");
+        assert!(script.ends_with("exit $failed\n"), "{script}");
+    }
+
+    #[test]
+    fn defaults_are_the_smoke_test() {
+        let cli = Cli::parse_from(["vmtest"]);
+        assert_eq!(cli.args.attach, ["auto"]);
+        assert_eq!(cli.args.tests, ["e2e_gateway"]);
+    }
+}

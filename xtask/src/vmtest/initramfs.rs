@@ -151,3 +151,41 @@ impl Archive {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depends_reads_the_modinfo_entry() {
+        let module = b"\x7fELF...\0license=GPL\0depends=virtio_ring,virtio-pci\0name=x\0";
+        assert_eq!(depends(module), ["virtio_ring", "virtio_pci"]);
+        assert!(depends(b"\0depends=\0name=fuse\0").is_empty());
+        assert!(depends(b"no modinfo").is_empty());
+    }
+
+    #[test]
+    fn dependencies_load_first_and_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let nested = dir.path().join("fs/fuse");
+        fs::create_dir_all(&nested).unwrap();
+        fs::write(nested.join("virtiofs.ko"), b"\0depends=fuse,virtio\0").unwrap();
+        fs::write(nested.join("fuse.ko"), b"\0depends=\0").unwrap();
+        fs::write(dir.path().join("virtio.ko"), b"\0depends=virtio_ring\0").unwrap();
+        fs::write(dir.path().join("virtio_ring.ko"), b"\0").unwrap();
+        fs::write(dir.path().join("virtio_pci.ko"), b"\0depends=virtio\0").unwrap();
+        let mut found = BTreeMap::new();
+        find_modules(dir.path(), &mut found).unwrap();
+        let mut order = Vec::new();
+        for module in MODULES {
+            load_order(module, &found, &mut order).unwrap();
+        }
+        let names: Vec<&str> = order.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["virtio_ring", "virtio", "virtio_pci", "fuse", "virtiofs"]
+        );
+        let err = load_order("absent", &found, &mut order).unwrap_err();
+        assert!(err.to_string().contains("no module absent"), "{err}");
+    }
+}
