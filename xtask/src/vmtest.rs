@@ -93,21 +93,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         initramfs: &initramfs,
         script: &script,
         virtiofsd: &virtiofsd,
-        console_log: &console_log.clone(),
+        run_dir: &run_dir,
+        console_log: &console_log,
         memory_mib: GUEST_MIB,
         cpus: GUEST_CPUS,
         timeout: Duration::from_secs(args.timeout),
     }
-    .run();
-    let _ = fs::remove_dir_all(&run_dir);
-    let status = status?;
+    .run()
+    .with_context(|| format!("virtiofsd's log is in {}", run_dir.display()))?;
     let elapsed = started.elapsed().as_secs_f64();
     if status != 0 {
         bail!(
-            "vmtest: the guest's tests failed (exit {status}) after {elapsed:.0}s; console: {}",
+            "the guest's tests failed (exit {status}) after {elapsed:.0}s; console: {}",
             console_log.display()
         );
     }
+    let _ = fs::remove_dir_all(&run_dir);
     eprintln!("vmtest: passed in {elapsed:.0}s (boot to power-off)");
     Ok(())
 }

@@ -1,5 +1,9 @@
 //! Attach `programs/syscalls.rs`: an enter/exit pair per traced syscall, as tracepoints
 //! (`syscalls:sys_{enter,exit}_*`), fentry/fexit or kprobe/kretprobe on `__x64_sys_*`.
+//!
+//! A kretprobe holds one of its max(10, 2 × CPUs) instances (aya sets no maxactive) for every
+//! call in flight machine-wide, a blocked `read` in any process included; a call entered with
+//! none free emits no SYSCALL event. fexit has no such limit, one reason `auto` prefers fentry.
 
 use anyhow::Context as _;
 use aya::{Btf, Ebpf};

@@ -21,6 +21,8 @@ pub struct Guest<'a> {
     /// Run inside the guest's chroot of the host's root.
     pub script: &'a Path,
     pub virtiofsd: &'a Path,
+    /// This run's own directory: virtiofsd's socket and log.
+    pub run_dir: &'a Path,
     pub console_log: &'a Path,
     pub memory_mib: u32,
     pub cpus: u32,
@@ -49,10 +51,10 @@ fn relayed(line: &str) -> bool {
 impl Guest<'_> {
     /// Boots, runs the script, and returns its exit status.
     pub fn run(&self) -> anyhow::Result<i32> {
-        let dir = self.console_log.parent().context("console log dir")?;
-        let socket = dir.join("virtiofsd.sock");
+        let socket = self.run_dir.join("virtiofsd.sock");
         let _ = std::fs::remove_file(&socket);
-        let _virtiofsd = Killed(self.spawn_virtiofsd(&socket, &dir.join("virtiofsd.log"))?);
+        let log = self.run_dir.join("virtiofsd.log");
+        let _virtiofsd = Killed(self.spawn_virtiofsd(&socket, &log)?);
         wait_for(&socket, Duration::from_secs(10)).context("virtiofsd did not start")?;
 
         let mut qemu = self.qemu(&socket);
