@@ -43,20 +43,26 @@ pub const SWITCH_NEXT_PID: Field = field("next_pid", 56, 4);
 pub const SWITCH_NEXT_COMM: Field = field("next_comm", 40, 16);
 /// `sched:sched_wakeup` and `sched:sched_wakeup_new`.
 pub const WAKEUP_PID: Field = field("pid", 24, 4);
-/// `sched:sched_process_fork`.
+/// `sched:sched_process_fork` where the comms are `__data_loc` strings (6.18 here).
 pub const FORK_CHILD_PID: Field = field("child_pid", 20, 4);
+/// `sched:sched_process_fork` where the comms are inline `char[16]` (Debian's 6.1).
+pub const FORK_CHILD_PID_FIXED_COMM: Field = field("child_pid", 44, 4);
+
+/// The fork layouts: (program, the field it reads). User space attaches the one whose offset
+/// the kernel's format file has.
+pub const FORK_VARIANTS: [(&str, Field); 2] = [
+    ("sched_process_fork", FORK_CHILD_PID),
+    ("sched_process_fork_fixed_comm", FORK_CHILD_PID_FIXED_COMM),
+];
 
 /// `prev_state` of sched_switch: bits below TASK_REPORT_MAX are the sleep state; a task
 /// switched out while runnable reports 0 ("R", e.g. sched_yield) or TASK_REPORT_MAX ("R+",
 /// preempted). User space derives TASK_REPORT_MAX from the print fmt and checks it is this.
 pub const TASK_REPORT_MAX: i64 = 0x100;
 
-pub const SOCK_LAYOUTS: [Layout; 4] = [
-    Layout {
-        category: "sock",
-        name: "sock_recv_length",
-        fields: &[LENGTH_SK],
-    },
+/// The send, receive and data-ready tracepoints (Linux 6.4+); kernels without them use fentry
+/// or kprobes on the functions they sit in (see `programs/sockets.rs`).
+pub const SOCK_IO_LAYOUTS: [Layout; 3] = [
     Layout {
         category: "sock",
         name: "sock_send_length",
@@ -69,17 +75,29 @@ pub const SOCK_LAYOUTS: [Layout; 4] = [
     },
     Layout {
         category: "sock",
-        name: "inet_sock_set_state",
-        fields: &[
-            SET_STATE_SKADDR,
-            SET_STATE_NEWSTATE,
-            SET_STATE_SPORT,
-            SET_STATE_PROTOCOL,
-        ],
+        name: "sock_recv_length",
+        fields: &[LENGTH_SK],
     },
 ];
 
-pub const SCHED_LAYOUTS: [Layout; 5] = [
+/// TCP state changes: always this tracepoint, whatever carries send and receive.
+pub const SET_STATE_LAYOUT: Layout = Layout {
+    category: "sock",
+    name: "inet_sock_set_state",
+    fields: &[
+        SET_STATE_SKADDR,
+        SET_STATE_NEWSTATE,
+        SET_STATE_SPORT,
+        SET_STATE_PROTOCOL,
+    ],
+};
+
+/// The kernel functions the fentry and kprobe variants of [`SOCK_IO_LAYOUTS`] hook, in the
+/// same order, each taking the `struct sock *` first. Programs: `fentry_<function>`, `kprobe_<function>`.
+pub const SOCK_IO_FUNCTIONS: [&str; 3] = ["tcp_sendmsg", "sock_def_readable", "tcp_recvmsg"];
+
+/// The scheduler tracepoints but `sched_process_fork` (see [`FORK_VARIANTS`]).
+pub const SCHED_LAYOUTS: [Layout; 4] = [
     Layout {
         category: "sched",
         name: "sched_switch",
@@ -97,17 +115,15 @@ pub const SCHED_LAYOUTS: [Layout; 5] = [
     },
     Layout {
         category: "sched",
-        name: "sched_process_fork",
-        fields: &[FORK_CHILD_PID],
-    },
-    Layout {
-        category: "sched",
         name: "sched_process_exit",
         fields: &[],
     },
 ];
 
-/// The traced syscalls: (name as in `sys_enter_<name>`, `abi::syscall` id).
+/// The traced syscalls: (name as in `sys_enter_<name>`, `abi::syscall` id). Their programs
+/// are `sys_enter_<name>` / `sys_exit_<name>` (tracepoints), `fentry_sys_<name>` /
+/// `fexit_sys_<name>` and `kprobe_sys_<name>` / `kretprobe_sys_<name>`, the latter four on the
+/// kernel's `__x64_sys_<name>` (x86-64 only, as are the NOP5 probe sites).
 pub const SYSCALLS: [(&str, u16); 11] = {
     use crate::abi::syscall::*;
     [

@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};
 
-use crate::attach::Group;
+use crate::attach::{Group, detect::Choice};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -52,6 +52,11 @@ pub struct RecordArgs {
     /// Also write every event read, 40 bytes each, to this file (for `crosscheck`).
     #[arg(long)]
     pub raw_events: Option<PathBuf>,
+    /// How to hook syscalls and sockets: `auto` takes fentry, else kprobes, else tracepoints;
+    /// any other value forces that kind and fails, saying why, if this kernel lacks it. The
+    /// scheduler is always tracepoints, the probe sites uprobes.
+    #[arg(long, value_enum, default_value_t = Choice::Auto)]
+    pub attach: Choice,
     /// Turn on the kernel's BPF run-time statistics for the session: each program's runs and
     /// run time in breakdown.json's `cost`. They add two clock reads to every program run
     /// (~50 ns here), so they are off by default.
@@ -118,5 +123,14 @@ mod tests {
         assert_eq!((args.pid, args.sample_hz, args.ring_mib), (1, 99, 64));
         assert!(!args.phases && !args.offcpu_stacks);
         assert_eq!(args.duration, None);
+        assert_eq!(args.attach, Choice::Auto);
+    }
+
+    #[test]
+    fn attach_modes() {
+        let cli = Cli::parse_from(["tracer", "record", "--pid", "1", "--attach", "kprobe"]);
+        let Command::Record(args) = cli.command;
+        assert_eq!(args.attach, Choice::Kprobe);
+        assert!(Cli::try_parse_from(["tracer", "record", "--pid", "1", "--attach", "x"]).is_err());
     }
 }

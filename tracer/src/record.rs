@@ -20,7 +20,7 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use tracer_ebpf::abi::{Event, kind};
 
 use crate::{
-    attach::{Options, Session, preflight, target::Target},
+    attach::{Options, Session, detect::Plan, preflight, target::Target},
     cli::RecordArgs,
     events::{DEFAULT_WINDOW_NS, EventSink, EventStream, monotonic_ns},
     flame::Pictures,
@@ -174,9 +174,10 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         phases: args.phases,
         skip: args.skip.clone(),
     };
+    let plan = Plan::new(args.attach)?;
     // Before attaching, so the target's probes do not run during the calibration loops.
-    let calibration = crate::calibrate::before_attach(args.no_calibrate)?;
-    let mut session = Session::attach(&target, &options)?;
+    let calibration = crate::calibrate::before_attach(args.no_calibrate, &plan)?;
+    let mut session = Session::attach(&target, &options, &plan)?;
     eprintln!("tracer: mode {}", options.mode());
     if !options.skip.is_empty() {
         eprintln!("tracer: --skip: this session measures cost only; its requests will not rebuild");
@@ -202,9 +203,17 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     }
     meta.attach_modes.insert("mode".to_owned(), options.mode());
     meta.attach_modes
-        .insert("fentry".to_owned(), session.detected.fentry.to_string());
-    meta.attach_modes
-        .insert("kprobe".to_owned(), session.detected.kprobe.to_string());
+        .insert("attach".to_owned(), plan.choice.as_str().to_owned());
+    let detected = &plan.detected;
+    for (kind, availability) in [
+        ("fentry", &detected.fentry),
+        ("kprobe", &detected.kprobe),
+        ("syscall_tracepoints", &detected.syscall_tracepoints),
+        ("sock_tracepoints", &detected.sock_tracepoints),
+    ] {
+        meta.attach_modes
+            .insert(kind.to_owned(), availability.to_string());
+    }
     let mut sink = Rebuild {
         rebuilder: Rebuilder::new(),
         writer: SessionWriter::create(&args.out, meta)?,

@@ -1,8 +1,12 @@
 //! Root only: calibration measures a finite cost for every probe kind, positive in a run the
 //! machine's other load did not swamp, and leaves nothing attached. No timing thresholds:
-//! the numbers are printed, not judged.
+//! the numbers are printed, not judged. `TRACER_ATTACH` (as `--attach`) picks the syscall and
+//! socket hooks it measures; `cargo xtask vmtest` runs it once per mode.
 
-use tracer::calibrate::{self, Calibration, KindCost};
+use tracer::{
+    attach::detect::{Choice, Plan},
+    calibrate::{self, Calibration, KindCost},
+};
 
 fn is_root() -> bool {
     // SAFETY: no preconditions.
@@ -18,6 +22,13 @@ fn kinds(calibration: &Calibration) -> [(&'static str, &KindCost); 4] {
     ]
 }
 
+fn choice() -> Choice {
+    std::env::var("TRACER_ATTACH").map_or(Choice::Auto, |mode| {
+        clap::ValueEnum::from_str(&mode, false)
+            .expect("TRACER_ATTACH: auto, tracepoint, kprobe or fentry")
+    })
+}
+
 /// On a shared 2-CPU machine a busy neighbour can swamp a round (the cost comes out noisy, or
 /// even negative); a few attempts tell that apart from a probe that costs nothing.
 const ATTEMPTS: usize = 3;
@@ -30,7 +41,12 @@ fn every_kind_gets_a_positive_finite_cost() {
     }
     let mut positive = [false; 4];
     for attempt in 1..=ATTEMPTS {
-        let calibration = calibrate::run().expect("calibration");
+        let plan = Plan::new(choice()).expect("detecting attach modes");
+        eprintln!(
+            "attempt {attempt}: syscalls {}, sockets {}",
+            plan.syscalls, plan.sockets
+        );
+        let calibration = calibrate::run(&plan).expect("calibration");
         for (i, (name, cost)) in kinds(&calibration).into_iter().enumerate() {
             eprintln!(
                 "attempt {attempt}: {name} {:.1} ns per hit (rounds {:.1}..{:.1}, untraced \

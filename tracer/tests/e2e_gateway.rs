@@ -10,6 +10,12 @@
 //! cargo that runs the test, in the workspace, so `CARGO_TARGET_DIR` and `.cargo/config.toml`
 //! apply as for any build) and takes the executables' paths from cargo's JSON messages. On a
 //! clean clone the first run therefore includes a release build of those two packages.
+//! With `TRACER_E2E_BIN_DIR` set it takes them from that directory instead (`cargo xtask
+//! vmtest` builds them on the host and runs this test in a guest, which has no toolchain).
+//!
+//! `TRACER_ATTACH` (auto, tracepoint, kprobe, fentry) is passed as the tracer's `--attach`; a
+//! forced mode must then be the one breakdown.json says syscalls and sockets used.
+//! `TRACER_E2E_RATE` sets the request rate (default 300/s).
 
 mod attach_common;
 
@@ -26,8 +32,9 @@ use std::{
 use attach_common::{leftover_uprobes, program_ids, require_root, still_loaded};
 
 /// The load: well below the gateway's max, so nothing queues and nothing may be lost.
-const RATE: &str = "300";
-const LOAD_SECONDS: &str = "3";
+/// `TRACER_E2E_RATE` overrides it where the gateway is slower (an emulated guest).
+const RATE: u64 = 300;
+const LOAD_SECONDS: u64 = 3;
 const GATEWAY_CPU: &str = "0";
 const LOAD_CPU: &str = "1";
 /// The CPU hog's name (its comm), unlike any other task's on the machine.
@@ -42,6 +49,14 @@ struct Binaries {
 }
 
 fn build_binaries() -> Binaries {
+    if let Some(dir) = std::env::var_os("TRACER_E2E_BIN_DIR") {
+        let dir = PathBuf::from(dir);
+        return Binaries {
+            gateway: dir.join("gateway"),
+            mock_upstream: dir.join("mock-upstream"),
+            loadgen: dir.join("loadgen"),
+        };
+    }
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let output = Command::new(env!("CARGO"))
         .current_dir(workspace)
@@ -191,6 +206,9 @@ struct TracedRun {
     started: Instant,
     /// The pid of the CPU hog, if the run had one.
     hog: Option<u32>,
+    /// The tracer's `--attach` (`TRACER_ATTACH`) and loadgen's rate (`TRACER_E2E_RATE`).
+    attach: String,
+    rate: u64,
 }
 
 /// mock-upstream, a demo ledger and the gateway on CPU 0, the tracer attached, loadgen's open
@@ -245,10 +263,12 @@ fn traced_run(hog: bool) -> TracedRun {
     let gateway_url = format!("http://{}", gateway.wait_listening());
 
     let pid = gateway.pid().to_string();
+    let attach = std::env::var("TRACER_ATTACH").unwrap_or_else(|_| "auto".to_owned());
     let mut tracer_command = Command::new("taskset");
     tracer_command
         .args(["-c", LOAD_CPU, env!("CARGO_BIN_EXE_tracer")])
-        .args(["record", "--pid", &pid, "--out", out.to_str().unwrap()]);
+        .args(["record", "--pid", &pid, "--out", out.to_str().unwrap()])
+        .args(["--attach", &attach]);
     let mut tracer = Running::spawn("tracer", tracer_command);
     let stderr = Arc::new(Mutex::new(String::new()));
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -286,11 +306,18 @@ fn traced_run(hog: bool) -> TracedRun {
         Running::spawn("hog", command)
     });
 
+    let rate: u64 = std::env::var("TRACER_E2E_RATE")
+        .map(|rate| {
+            rate.parse()
+                .expect("TRACER_E2E_RATE is requests per second")
+        })
+        .unwrap_or(RATE);
     let loadgen = Command::new("taskset")
         .args(["-c", LOAD_CPU])
         .arg(&bins.loadgen)
         .args(["--url", &gateway_url, "--key", &key])
-        .args(["--rate", RATE, "--duration", LOAD_SECONDS, "--warmup", "0"])
+        .args(["--rate", &rate.to_string()])
+        .args(["--duration", &LOAD_SECONDS.to_string(), "--warmup", "0"])
         .args(["--connections", "8", "--quiet", "--requests-out"])
         .arg(&client_csv)
         .output()
@@ -310,6 +337,9 @@ fn traced_run(hog: bool) -> TracedRun {
         "e2e: attached after {attached_s:.1}s, done after {:.1}s",
         started.elapsed().as_secs_f64()
     );
+    for line in stderr.lines().filter(|l| l.starts_with("tracer: attach ")) {
+        eprintln!("e2e: {line}");
+    }
 
     // Nothing of ours outlives the tracer.
     let ids = program_ids(&stderr);
@@ -332,6 +362,8 @@ fn traced_run(hog: bool) -> TracedRun {
         stderr,
         started,
         hog,
+        attach,
+        rate,
     }
 }
 
@@ -343,11 +375,13 @@ fn traced_gateway_requests_match_the_client() {
     let _turn = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let run = traced_run(false);
     let (out, client_csv, stderr, started) = (&run.out, &run.client_csv, &run.stderr, run.started);
+    let (attach, rate) = (&run.attach, run.rate);
 
     // The client's view: every request answered 200.
     let client = read_csv(client_csv);
     assert!(
-        client.len() >= 800,
+        // At least 8/9 of the schedule (800 requests at the default rate).
+        client.len() as u64 >= rate * LOAD_SECONDS * 8 / 9,
         "loadgen sent only {} requests",
         client.len()
     );
@@ -430,6 +464,17 @@ fn traced_gateway_requests_match_the_client() {
     assert_eq!(breakdown["lost_events"], 0, "{breakdown}");
     assert_eq!(breakdown["requests"], traced.len() as u64);
     assert_eq!(breakdown["incomplete"], 0);
+    let modes = &breakdown["attach_modes"];
+    eprintln!(
+        "e2e: attach_modes syscalls={} sockets={} sched={} sites={}",
+        modes["syscalls"], modes["sockets"], modes["sched"], modes["sites"]
+    );
+    assert_eq!(modes["attach"], attach.as_str(), "{modes}");
+    if attach != "auto" {
+        for group in ["syscalls", "sockets"] {
+            assert_eq!(modes[group], attach.as_str(), "{group}: {modes}");
+        }
+    }
     // The pictures are written on SIGINT too.
     for file in [
         "tail-oncpu.svg",

@@ -12,6 +12,7 @@ mod session_dir;
 mod setup;
 mod test;
 mod validate;
+mod vmtest;
 
 use clap::{Parser, Subcommand};
 
@@ -37,6 +38,8 @@ enum Command {
     /// Accuracy, probe effect, loss and cost of the tracer; writes profiles/local/validation-<time>/
     /// or --out.
     Validate(validate::Args),
+    /// The tracer's root tests in a QEMU guest whose kernel has kprobes and fentry.
+    Vmtest(vmtest::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -47,5 +50,6 @@ fn main() -> anyhow::Result<()> {
         Command::RunTracer(args) => run_tracer::run(args),
         Command::Profile(args) => profile::run(args),
         Command::Validate(args) => validate::run(args),
+        Command::Vmtest(args) => vmtest::run(args),
     }
 }

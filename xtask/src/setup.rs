@@ -77,19 +77,30 @@ fn llvm_dev(verbose: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("setup: llvm-22-dev: {LLVM} missing, installing with apt-get");
+    apt_install(&["llvm-22-dev"], true)
+        .context("installing llvm-22-dev (is the LLVM apt repository configured?)")
+}
+
+/// `apt-get install -y PACKAGES` (with `--no-install-recommends` unless `recommends`); runs
+/// `apt-get update` and retries once when it fails: a fresh image often has no package lists.
+pub fn apt_install(packages: &[&str], recommends: bool) -> anyhow::Result<()> {
     let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "llvm-22-dev"])
+        let mut command = Command::new("apt-get");
+        command.args(["install", "-y"]);
+        if !recommends {
+            command.arg("--no-install-recommends");
+        }
+        command
+            .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()
             .context("running apt-get (needs root)")
     };
     if !install()?.success() {
-        // A fresh image often has no package lists yet.
         println!("setup: apt-get install failed; running apt-get update and retrying");
         run_checked(Command::new("apt-get").arg("update"))?;
         if !install()?.success() {
-            bail!("apt-get install -y llvm-22-dev failed (is the LLVM apt repository configured?)");
+            bail!("apt-get install -y {} failed", packages.join(" "));
         }
     }
     Ok(())
@@ -118,7 +129,7 @@ fn bpf_linker(verbose: bool) -> anyhow::Result<()> {
 }
 
 /// `name` in PATH or in ~/.cargo/bin (where cargo install puts it).
-fn find_in_path(name: &str) -> Option<PathBuf> {
+pub fn find_in_path(name: &str) -> Option<PathBuf> {
     let cargo_bin = env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo/bin"));
     env::var_os("PATH")
         .map(|path| env::split_paths(&path).collect::<Vec<_>>())
@@ -141,7 +152,7 @@ fn output(program: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn run_checked(command: &mut Command) -> anyhow::Result<()> {
+pub fn run_checked(command: &mut Command) -> anyhow::Result<()> {
     let status = command
         .status()
         .with_context(|| format!("running {command:?}"))?;

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: what CI runs. Installs the eBPF toolchain when missing, runs the
-//! quick bench (issue 3 wants it in the suite), then every test of the workspace. Root-only
-//! eBPF tests run when this runs as root and say SKIPPED otherwise.
+//! quick bench (issue 3 wants it in the suite), the VM smoke test (`vmtest`: the e2e test on
+//! a kernel with kprobes and fentry), then every test of the workspace. Root-only eBPF tests,
+//! the VM's included, run when this runs as root and say SKIPPED otherwise.
 
 use std::process::Command;
 
@@ -13,6 +14,10 @@ pub struct Args {
     /// Skip `cargo xtask bench --quick`.
     #[arg(long)]
     no_bench: bool,
+    /// Skip `cargo xtask vmtest` (the e2e test in a QEMU guest; needs root, and the network
+    /// once to fetch the guest kernel).
+    #[arg(long)]
+    no_vm: bool,
     /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
     #[arg(last = true)]
     rest: Vec<String>,
@@ -30,6 +35,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .context("running xtask bench --quick")?;
         if !status.success() {
             failures.push("bench --quick");
+        }
+    }
+    // SAFETY: no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if args.no_vm {
+        eprintln!("SKIPPED vmtest: --no-vm");
+    } else if !root {
+        eprintln!("SKIPPED vmtest: needs root (QEMU, virtiofs, eBPF); CI runs it as root");
+    } else {
+        let status = Command::new(std::env::current_exe().context("locating xtask")?)
+            .arg("vmtest")
+            .status()
+            .context("running xtask vmtest")?;
+        if !status.success() {
+            failures.push("vmtest");
         }
     }
     // Last, so cargo's own summary closes the output.

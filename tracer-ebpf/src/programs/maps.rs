@@ -86,12 +86,15 @@ pub fn now() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// Adds one to a per-CPU counter. A plain add is enough: every program here (classic
-/// tracepoint, uprobe, perf_event) runs only while the CPU's `bpf_prog_active` was 0, so none
-/// interrupts another on the same CPU (the kernel skips a program that would).
+/// Adds one to a per-CPU counter. Classic tracepoint, kprobe, uprobe and perf_event programs
+/// never nest on a CPU (the kernel skips one that would, by `bpf_prog_active`); fentry
+/// programs are only kept from nesting in themselves, so `fentry_sock_def_readable` (softirq)
+/// can interrupt another program between this load and store and one of the two counts is
+/// lost. The BPF target has no atomic fetch-add in core; a rare undercount of a counter that
+/// should stay 0 is accepted.
 #[inline(always)]
 fn bump(counter: *mut u64) {
-    // SAFETY: `counter` points into a live per-CPU map value, touched only on this CPU.
+    // SAFETY: `counter` points into a live per-CPU map value.
     unsafe { *counter += 1 };
 }
 
@@ -129,7 +132,8 @@ pub fn emit(ts_ns: u64, tid: u32, kind: u16, sub: u16, args: [u64; 3]) {
         }
         None => {
             if let Some(loss) = LOSS.get_ptr_mut(LOSS_SLOT) {
-                // SAFETY: a live per-CPU slot, touched only on this CPU (see `bump`).
+                // SAFETY: a live per-CPU slot (see `bump`); if a nested program also writes
+                // `last_ts_ns`, one of the two loss times is kept.
                 unsafe {
                     bump(&raw mut (*loss).count);
                     (*loss).last_ts_ns = ts_ns;

@@ -8,8 +8,8 @@ use aya_ebpf::{
 use tracer_ebpf::{
     abi::{kind, switch},
     tracepoints::{
-        FORK_CHILD_PID, Field, SWITCH_NEXT_COMM, SWITCH_NEXT_PID, SWITCH_PREV_STATE,
-        TASK_REPORT_MAX, WAKEUP_PID,
+        FORK_CHILD_PID, FORK_CHILD_PID_FIXED_COMM, Field, SWITCH_NEXT_COMM, SWITCH_NEXT_PID,
+        SWITCH_PREV_STATE, TASK_REPORT_MAX, WAKEUP_PID,
     },
 };
 
@@ -125,17 +125,28 @@ pub fn sched_wakeup_new(ctx: TracePointContext) -> u32 {
     wakeup(&ctx, 1)
 }
 
-#[tracepoint]
-pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+#[inline(always)]
+fn fork(ctx: &TracePointContext, child_pid: Field) -> u32 {
     let Some(config) = config() else {
         return 0;
     };
     // Runs in the parent's context.
     if current().0 == config.tgid {
-        let child = field::<i32>(&ctx, FORK_CHILD_PID) as u32;
+        let child = field::<i32>(ctx, child_pid) as u32;
         add_target_tid(child);
     }
     0
+}
+
+#[tracepoint]
+pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    fork(&ctx, FORK_CHILD_PID)
+}
+
+/// The same on kernels whose fork record has inline comms (the field is further on).
+#[tracepoint]
+pub fn sched_process_fork_fixed_comm(ctx: TracePointContext) -> u32 {
+    fork(&ctx, FORK_CHILD_PID_FIXED_COMM)
 }
 
 /// A thread of the target exits: forget it, so TIDS and IN_FLIGHT hold live threads only.

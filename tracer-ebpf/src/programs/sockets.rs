@@ -1,7 +1,15 @@
-//! Socket tracepoints: learn which `struct sock` is which fd of the target (in its context),
-//! then report data arrival on those sockets from any context.
+//! Socket hooks: learn which `struct sock` is which fd of the target (in its context), then
+//! report data arrival on those sockets from any context. Send, receive and data-ready come in
+//! three variants of which user space attaches one (`attach/detect.rs`): the sock:*
+//! tracepoints (Linux 6.4+), or fentry or kprobe on the kernel functions that take the
+//! `struct sock *` as their first argument (`tcp_sendmsg`, `tcp_recvmsg`, `sock_def_readable`,
+//! where the tracepoints sit one call up or inside). TCP state changes are always the
+//! `sock:inet_sock_set_state` tracepoint (Linux 4.16+), whose record has the ports.
 
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    macros::{fentry, kprobe, tracepoint},
+    programs::{FEntryContext, ProbeContext, TracePointContext},
+};
 use tracer_ebpf::{
     abi::{kind, syscall},
     tracepoints::{
@@ -22,7 +30,7 @@ const IPPROTO_TCP: u16 = 6;
 const FD_UNKNOWN: u64 = u64::MAX;
 
 #[inline(always)]
-fn sock_io(ctx: &TracePointContext, receive: bool) -> u32 {
+fn sock_io(sk: u64, receive: bool) -> u32 {
     let Some(tid) = current_target_tid() else {
         return 0;
     };
@@ -38,7 +46,6 @@ fn sock_io(ctx: &TracePointContext, receive: bool) -> u32 {
     if !in_family {
         return 0;
     }
-    let sk: u64 = field(ctx, LENGTH_SK);
     // SAFETY: copied out at once.
     if unsafe { TARGET_SOCKS.get(sk) }.copied() == Some(call.fd) {
         return 0;
@@ -48,24 +55,58 @@ fn sock_io(ctx: &TracePointContext, receive: bool) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn sock_recv_length(ctx: TracePointContext) -> u32 {
-    sock_io(&ctx, true)
-}
-
-#[tracepoint]
-pub fn sock_send_length(ctx: TracePointContext) -> u32 {
-    sock_io(&ctx, false)
-}
-
-#[tracepoint]
-pub fn sk_data_ready(ctx: TracePointContext) -> u32 {
-    let sk: u64 = field(&ctx, DATA_READY_SKADDR);
+#[inline(always)]
+fn data_ready(sk: u64) -> u32 {
     // SAFETY: only tested for presence.
     if unsafe { TARGET_SOCKS.get(sk) }.is_some() {
         emit(now(), 0, kind::DATA_READY, 0, [sk, 0, 0]);
     }
     0
+}
+
+#[tracepoint]
+pub fn sock_recv_length(ctx: TracePointContext) -> u32 {
+    sock_io(field(&ctx, LENGTH_SK), true)
+}
+
+#[tracepoint]
+pub fn sock_send_length(ctx: TracePointContext) -> u32 {
+    sock_io(field(&ctx, LENGTH_SK), false)
+}
+
+#[tracepoint]
+pub fn sk_data_ready(ctx: TracePointContext) -> u32 {
+    data_ready(field(&ctx, DATA_READY_SKADDR))
+}
+
+#[fentry(function = "tcp_recvmsg")]
+pub fn fentry_tcp_recvmsg(ctx: FEntryContext) -> u32 {
+    sock_io(ctx.arg(0), true)
+}
+
+#[fentry(function = "tcp_sendmsg")]
+pub fn fentry_tcp_sendmsg(ctx: FEntryContext) -> u32 {
+    sock_io(ctx.arg(0), false)
+}
+
+#[fentry(function = "sock_def_readable")]
+pub fn fentry_sock_def_readable(ctx: FEntryContext) -> u32 {
+    data_ready(ctx.arg(0))
+}
+
+#[kprobe]
+pub fn kprobe_tcp_recvmsg(ctx: ProbeContext) -> u32 {
+    ctx.arg(0).map_or(0, |sk| sock_io(sk, true))
+}
+
+#[kprobe]
+pub fn kprobe_tcp_sendmsg(ctx: ProbeContext) -> u32 {
+    ctx.arg(0).map_or(0, |sk| sock_io(sk, false))
+}
+
+#[kprobe]
+pub fn kprobe_sock_def_readable(ctx: ProbeContext) -> u32 {
+    ctx.arg(0).map_or(0, data_ready)
 }
 
 #[tracepoint]

@@ -3,6 +3,7 @@
 //! the target's discovery. Dropping the [`Session`] detaches and unloads everything.
 
 pub mod detect;
+pub mod hooks;
 pub mod preflight;
 pub mod samples;
 pub mod sched;
@@ -16,7 +17,7 @@ use std::fmt;
 
 use anyhow::{Context as _, bail};
 use aya::{
-    Ebpf, EbpfLoader,
+    Btf, Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::TracePoint,
 };
@@ -108,24 +109,31 @@ impl fmt::Display for AttachMode {
 pub struct Session {
     ebpf: Ebpf,
     pub modes: Vec<AttachMode>,
-    pub detected: detect::Detected,
 }
 
 impl Session {
-    pub fn attach(target: &Target, options: &Options) -> anyhow::Result<Session> {
+    /// Attaches syscalls and sockets the way `plan` says ([`detect::Plan::new`]).
+    pub fn attach(
+        target: &Target,
+        options: &Options,
+        plan: &detect::Plan,
+    ) -> anyhow::Result<Session> {
         if OBJECT.is_empty() {
             bail!("this tracer was built with AYA_BUILD_SKIP=1 and has no eBPF programs");
         }
         tracefs::ensure_mounted()?;
-        syscalls::check()?;
         sockets::check()?;
         sched::check()?;
+        let btf = if [plan.syscalls, plan.sockets].contains(&hooks::Kind::Fentry) {
+            Some(Btf::from_sys_fs().context("reading the kernel's BTF for fentry")?)
+        } else {
+            None
+        };
 
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", options.ring_bytes)
             .load(OBJECT)
             .context("loading the eBPF object")?;
-        let detected = detect::detect(&mut ebpf);
 
         let config = Config {
             tgid: target.pid.get(),
@@ -146,7 +154,6 @@ impl Session {
             tids.insert(tid, 1, 0)?;
         }
 
-        let alternatives = detected.alternatives();
         let mut modes = Vec::new();
         if options.attaches(Group::Sched) {
             let n = sched::attach_rest(&mut ebpf)?;
@@ -160,22 +167,28 @@ impl Session {
             });
         }
         if options.attaches(Group::Syscalls) {
-            let n = syscalls::attach(&mut ebpf)?;
+            syscalls::attach(&mut ebpf, plan.syscalls, btf.as_ref())?;
             modes.push(AttachMode {
                 group: "syscalls",
-                mode: "tracepoint",
-                detail: format!("{n} syscalls:sys_{{enter,exit}}_*; {alternatives}"),
+                mode: plan.syscalls.as_str(),
+                detail: format!(
+                    "{}; {}",
+                    syscalls::describe(plan.syscalls),
+                    plan.alternatives(&plan.detected.syscall_tracepoints)
+                ),
             });
         }
         if options.attaches(Group::Sockets) {
-            let n = sockets::attach(&mut ebpf)?;
+            sockets::attach(&mut ebpf, plan.sockets, btf.as_ref())?;
             let ports: Vec<String> = listen_ports.iter().map(u16::to_string).collect();
             modes.push(AttachMode {
                 group: "sockets",
-                mode: "tracepoint",
+                mode: plan.sockets.as_str(),
                 detail: format!(
-                    "{n} sock:*; listening ports [{}]; {alternatives}",
-                    ports.join(", ")
+                    "{}; listening ports [{}]; {}",
+                    sockets::describe(plan.sockets),
+                    ports.join(", "),
+                    plan.alternatives(&plan.detected.sock_tracepoints)
                 ),
             });
         }
@@ -207,11 +220,7 @@ impl Session {
                 detail: format!("cpu-clock {} Hz on {cpus} CPUs", options.sample_hz),
             });
         }
-        Ok(Session {
-            ebpf,
-            modes,
-            detected,
-        })
+        Ok(Session { ebpf, modes })
     }
 
     /// Kernel ids of the loaded programs, so a test can check none outlives the session.

@@ -1,21 +1,60 @@
-//! Attach `programs/sockets.rs`: sock:* tracepoints that map `struct sock` to the target's fds
-//! and report data arrival on its sockets.
+//! Attach `programs/sockets.rs`: hooks that map `struct sock` to the target's fds and report
+//! data arrival on its sockets (sock:* tracepoints, or fentry or kprobes on the functions they
+//! sit in), plus the `sock:inet_sock_set_state` tracepoint in every mode.
 
-use aya::Ebpf;
-use tracer_ebpf::tracepoints::SOCK_LAYOUTS;
+use aya::{Btf, Ebpf};
+use tracer_ebpf::tracepoints::{SET_STATE_LAYOUT, SOCK_IO_FUNCTIONS, SOCK_IO_LAYOUTS};
 
-use super::{attach_tracepoint, tracefs};
+use super::{
+    hooks::{Hook, Kind},
+    tracefs,
+};
 
+/// The tracepoint every mode needs.
 pub fn check() -> anyhow::Result<()> {
-    for layout in &SOCK_LAYOUTS {
+    tracefs::check_layout(&SET_STATE_LAYOUT)?;
+    Ok(())
+}
+
+/// The send, data-ready and receive tracepoints (Linux 6.4+).
+pub fn check_tracepoints() -> anyhow::Result<()> {
+    for layout in &SOCK_IO_LAYOUTS {
         tracefs::check_layout(layout)?;
     }
     Ok(())
 }
 
-pub fn attach(ebpf: &mut Ebpf) -> anyhow::Result<usize> {
-    for layout in &SOCK_LAYOUTS {
-        attach_tracepoint(ebpf, layout.name, layout.category, layout.name)?;
+/// Send, data-ready and receive, in that order.
+pub fn io_hooks(kind: Kind) -> [Hook; 3] {
+    std::array::from_fn(|i| {
+        let function = SOCK_IO_FUNCTIONS[i].to_owned();
+        match kind {
+            Kind::Tracepoint => Hook::tracepoint("sock", SOCK_IO_LAYOUTS[i].name),
+            Kind::Kprobe => Hook::Kprobe {
+                program: format!("kprobe_{function}"),
+                function,
+            },
+            Kind::Fentry => Hook::Fentry {
+                program: format!("fentry_{function}"),
+                function,
+            },
+        }
+    })
+}
+
+pub fn describe(kind: Kind) -> String {
+    let functions = SOCK_IO_FUNCTIONS.join(", ");
+    match kind {
+        Kind::Tracepoint => format!("{} sock:*", SOCK_IO_LAYOUTS.len() + 1),
+        Kind::Kprobe => format!("kprobe on {functions} + tracepoint sock:inet_sock_set_state"),
+        Kind::Fentry => format!("fentry on {functions} + tracepoint sock:inet_sock_set_state"),
     }
-    Ok(SOCK_LAYOUTS.len())
+}
+
+pub fn attach(ebpf: &mut Ebpf, kind: Kind, btf: Option<&Btf>) -> anyhow::Result<usize> {
+    let set_state = Hook::tracepoint(SET_STATE_LAYOUT.category, SET_STATE_LAYOUT.name);
+    for hook in io_hooks(kind).iter().chain([&set_state]) {
+        hook.attach(ebpf, btf)?;
+    }
+    Ok(SOCK_IO_LAYOUTS.len() + 1)
 }

@@ -1,13 +1,21 @@
-//! Attach `programs/syscalls.rs`: a sys_enter_* / sys_exit_* tracepoint pair per syscall.
+//! Attach `programs/syscalls.rs`: an enter/exit pair per traced syscall, as tracepoints
+//! (`syscalls:sys_{enter,exit}_*`), fentry/fexit or kprobe/kretprobe on `__x64_sys_*`.
+//!
+//! A kretprobe holds one of its max(10, 2 × CPUs) instances (aya sets no maxactive) for every
+//! call in flight machine-wide, a blocked `read` in any process included; a call entered with
+//! none free emits no SYSCALL event. fexit has no such limit, one reason `auto` prefers fentry.
 
 use anyhow::Context as _;
-use aya::Ebpf;
+use aya::{Btf, Ebpf};
 use tracer_ebpf::tracepoints::{SYS_ENTER_FD, SYS_EXIT_RET, SYSCALLS};
 
-use super::{attach_tracepoint, tracefs};
+use super::{
+    hooks::{Hook, Kind},
+    tracefs,
+};
 
-/// Checks every format file first, so a layout mismatch fails before anything is attached.
-pub fn check() -> anyhow::Result<()> {
+/// Checks every format file, so a layout mismatch is found before anything is attached.
+pub fn check_tracepoints() -> anyhow::Result<()> {
     for (name, _) in SYSCALLS {
         let enter = format!("sys_enter_{name}");
         let exit = format!("sys_exit_{name}");
@@ -27,12 +35,52 @@ pub fn check() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Returns the number of tracepoints attached.
-pub fn attach(ebpf: &mut Ebpf) -> anyhow::Result<usize> {
+/// The enter and exit hooks of syscall `name` (as in `sys_enter_<name>`).
+pub fn hooks(kind: Kind, name: &str) -> [Hook; 2] {
+    let function = format!("__x64_sys_{name}");
+    match kind {
+        Kind::Tracepoint => [
+            Hook::tracepoint("syscalls", &format!("sys_enter_{name}")),
+            Hook::tracepoint("syscalls", &format!("sys_exit_{name}")),
+        ],
+        Kind::Kprobe => [
+            Hook::Kprobe {
+                program: format!("kprobe_sys_{name}"),
+                function: function.clone(),
+            },
+            Hook::Kprobe {
+                program: format!("kretprobe_sys_{name}"),
+                function,
+            },
+        ],
+        Kind::Fentry => [
+            Hook::Fentry {
+                program: format!("fentry_sys_{name}"),
+                function: function.clone(),
+            },
+            Hook::Fexit {
+                program: format!("fexit_sys_{name}"),
+                function,
+            },
+        ],
+    }
+}
+
+/// What the attach line says: how many hooks, on what.
+pub fn describe(kind: Kind) -> String {
+    let n = SYSCALLS.len() * 2;
+    match kind {
+        Kind::Tracepoint => format!("{n} syscalls:sys_{{enter,exit}}_*"),
+        Kind::Kprobe => format!("{n} kprobe/kretprobe on __x64_sys_*"),
+        Kind::Fentry => format!("{n} fentry/fexit on __x64_sys_*"),
+    }
+}
+
+/// Returns the number of hooks attached.
+pub fn attach(ebpf: &mut Ebpf, kind: Kind, btf: Option<&Btf>) -> anyhow::Result<usize> {
     for (name, _) in SYSCALLS {
-        for direction in ["enter", "exit"] {
-            let tracepoint = format!("sys_{direction}_{name}");
-            attach_tracepoint(ebpf, &tracepoint, "syscalls", &tracepoint)
+        for hook in hooks(kind, name) {
+            hook.attach(ebpf, btf)
                 .with_context(|| format!("syscall {name}"))?;
         }
     }

@@ -140,6 +140,80 @@ pub fn spawn_fixture(test_binary: &Path, secs: f64) -> Child {
     child
 }
 
+/// `TRACER_ATTACH`, the `--attach` value a test passes on (`cargo xtask vmtest` runs the tests
+/// once per mode); `auto` when unset.
+pub fn attach_choice() -> String {
+    std::env::var("TRACER_ATTACH").unwrap_or_else(|_| "auto".to_owned())
+}
+
+/// The mode syscalls and sockets should be attached with under [`attach_choice`] on this
+/// kernel, as the tracer's own detection picks it.
+pub fn expected_kinds() -> (String, String) {
+    let choice = clap::ValueEnum::from_str(&attach_choice(), false)
+        .expect("TRACER_ATTACH: auto, tracepoint, kprobe or fentry");
+    let plan = tracer::attach::detect::Plan::new(choice).expect("detecting attach modes");
+    (plan.syscalls.to_string(), plan.sockets.to_string())
+}
+
+/// A tracer running in the background whose stderr is collected; [`Self::wait_ready`] blocks
+/// until it printed its ready line (`tracer: program ids`).
+pub struct Background {
+    pub child: Child,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    ready: std::sync::mpsc::Receiver<()>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Background {
+    pub fn spawn(args: &[&str]) -> Background {
+        let mut child = tracer()
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting the tracer");
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (tx, ready) = std::sync::mpsc::channel();
+        let pipe = child.stderr.take().unwrap();
+        let all = stderr.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if line.starts_with("tracer: program ids ") {
+                    let _ = tx.send(());
+                }
+                let mut all = all.lock().unwrap();
+                all.push_str(&line);
+                all.push('\n');
+            }
+        });
+        Background {
+            child,
+            stderr,
+            ready,
+            reader,
+        }
+    }
+
+    /// Panics with the tracer's output if it is not attached within `timeout`.
+    pub fn wait_ready(&self, timeout: Duration) {
+        if self.ready.recv_timeout(timeout).is_err() {
+            panic!(
+                "the tracer did not attach within {timeout:?}:\n{}",
+                self.stderr.lock().unwrap()
+            );
+        }
+    }
+
+    /// Waits for the tracer to exit; returns its status and everything it wrote to stderr.
+    pub fn finish(mut self) -> (std::process::ExitStatus, String) {
+        let status = self.child.wait().unwrap();
+        // The pipe closes with the tracer: the reader has every line once it ends.
+        self.reader.join().unwrap();
+        let stderr = self.stderr.lock().unwrap().clone();
+        (status, stderr)
+    }
+}
+
 /// uprobe_events lines that name `binary` (ours would, if any were left behind).
 pub fn leftover_uprobes(binary: &Path) -> Vec<String> {
     let events = std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
