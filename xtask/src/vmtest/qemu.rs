@@ -86,11 +86,16 @@ impl Guest<'_> {
             .with_context(|| format!("creating {}", self.console_log.display()))?;
         let deadline = Instant::now() + self.timeout;
         let mut status = None;
+        // The guest kernel's first BUG/Oops line and its panic line, if it crashed.
+        let mut crash = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(Some(line)) => {
                     writeln!(log, "{line}")?;
+                    if crash.len() < 2 && is_crash(&line, crash.is_empty()) {
+                        crash.push(line.clone());
+                    }
                     if let Some(code) = line.strip_prefix(EXIT_MARKER) {
                         status = code.trim().parse::<i32>().ok();
                     } else if relayed(&line) || line.starts_with("qemu: ") {
@@ -109,6 +114,11 @@ impl Guest<'_> {
         let exit = qemu.0.wait().context("waiting for qemu")?;
         match status {
             Some(code) => Ok(code),
+            None if !crash.is_empty() => bail!(
+                "the guest kernel crashed: {}; console: {}",
+                crash.join(" … "),
+                self.console_log.display()
+            ),
             None => bail!(
                 "the guest stopped without an exit status (qemu {exit}); console: {}",
                 self.console_log.display()
@@ -166,6 +176,17 @@ impl Guest<'_> {
     }
 }
 
+/// A kernel console line that says the guest kernel crashed: the first BUG or Oops, then the
+/// panic.
+fn is_crash(line: &str, first: bool) -> bool {
+    let text = line.split_once("] ").map_or(line, |(_, text)| text);
+    if first {
+        text.starts_with("BUG:") || text.starts_with("kernel BUG") || text.starts_with("Oops")
+    } else {
+        text.starts_with("Kernel panic")
+    }
+}
+
 fn wait_for(path: &Path, timeout: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     while !path.exists() {
@@ -183,4 +204,27 @@ pub fn find_virtiofsd() -> Option<PathBuf> {
         .into_iter()
         .map(PathBuf::from)
         .find(|path| path.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crash_is_its_first_bug_line_then_the_panic() {
+        let console = [
+            "test sigint_detaches ... [  207.69] BUG: kernel NULL pointer dereference, address: 0",
+            "[  207.69] Oops: 0010 [#1] PREEMPT SMP NOPTI",
+            "[  318.54] kernel BUG at arch/x86/kernel/kprobes/core.c:917!",
+            "vmtest: e2e_gateway --attach kprobe: ok in 33s",
+            "[  318.54] Kernel panic - not syncing: Fatal exception in interrupt",
+        ];
+        let mut crash: Vec<&str> = Vec::new();
+        for line in console {
+            if crash.len() < 2 && is_crash(line, crash.is_empty()) {
+                crash.push(line);
+            }
+        }
+        assert_eq!(crash, [console[0], console[4]]);
+    }
 }
