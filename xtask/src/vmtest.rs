@@ -191,7 +191,8 @@ fn build_tests(tests: &[String]) -> anyhow::Result<Vec<(String, PathBuf)>> {
 fn guest_script(args: &Args, tests: &[(String, PathBuf)], bin_dir: &Path) -> String {
     let mut script = String::from(
         "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
-         export HOME=/root TMPDIR=/tmp RUST_BACKTRACE=1 TRACER_E2E_RATE=@RATE@\n\
+         export HOME=/root TMPDIR=/dev/shm/tmp RUST_BACKTRACE=1 TRACER_E2E_RATE=@RATE@\n\
+         mkdir -p \"$TMPDIR\"\n\
          echo \"vmtest: guest up: Linux $(uname -r), $(nproc) CPUs, kprobe PMU: \
          $([ -e /sys/bus/event_source/devices/kprobe ] && echo yes || echo no)\"\n\
          failed=0\n",

@@ -33,15 +33,14 @@ script=$(sed -n 's/.*vmtest\.script=\([^ ]*\).*/\1/p' /proc/cmdline)
 [ -n "$script" ] || fail "no vmtest.script= on the kernel command line"
 mkdir -p /host
 mount -t virtiofs @TAG@ /host || fail "mounting the host's root over virtiofs"
-# The guest's own kernel filesystems, and a RAM /tmp: the guest writes nothing to the host
-# but what its tests write outside /tmp.
+# The guest's own kernel filesystems. Its temp files go to its own RAM /dev/shm (TMPDIR in
+# the script), not to a tmpfs over /tmp, which would hide a workspace that lives under /tmp.
 mount -t proc proc /host/proc || fail "proc"
 mount -t sysfs sysfs /host/sys || fail "sysfs"
 mount -t devtmpfs devtmpfs /host/dev || fail "devtmpfs"
 mkdir -p /host/dev/shm /host/dev/pts
 mount -t tmpfs tmpfs /host/dev/shm || fail "/dev/shm"
 mount -t devpts devpts /host/dev/pts || fail "devpts"
-mount -t tmpfs tmpfs /host/tmp || fail "/tmp"
 mount -t tracefs tracefs /host/sys/kernel/tracing || fail "tracefs"
 mount -t debugfs debugfs /host/sys/kernel/debug || fail "debugfs"
 mount -t bpf bpf /host/sys/fs/bpf || fail "bpffs"
