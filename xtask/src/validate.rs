@@ -53,7 +53,9 @@ pub struct Args {
     #[arg(long, default_value_t = 10.0, value_parser = flags::seconds)]
     window: f64,
     /// A/B windows per arm for each of the other modes' cost (--phases, --offcpu-stacks,
-    /// --sample-hz 999, and all three as `profile` runs them); 0 skips them.
+    /// --sample-hz 999, all three as `profile` runs them, and the floor: the tracepoints
+    /// alone and the sites alone, plus the traced max with the tracepoints alone); 0 skips
+    /// them.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=50))]
     mode_windows: u64,
     /// Seconds of each of those windows.
