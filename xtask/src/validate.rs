@@ -303,12 +303,16 @@ impl Bench {
         let tracer = self.attach(name, &flags)?;
         let load = self.open_loop(rate, window, &[]);
         let (breakdown, _) = tracer.stop()?;
-        let ok = load?["ok"].as_f64().unwrap_or(f64::NAN);
-        Ok(breakdown["cost"]["bpf"]["total_run_time_ns"]
-            .as_f64()
-            .unwrap_or(f64::NAN)
-            / ok)
+        Ok(bpf_ns_per_answered(&breakdown, &load?))
     }
+}
+
+/// A stats session's BPF run time over the requests the client saw answered.
+fn bpf_ns_per_answered(breakdown: &Value, load: &Value) -> f64 {
+    breakdown["cost"]["bpf"]["total_run_time_ns"]
+        .as_f64()
+        .unwrap_or(f64::NAN)
+        / load["ok"].as_f64().unwrap_or(f64::NAN)
 }
 
 impl Traced {
@@ -574,10 +578,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // 3b. What each mode costs: the same A/B, shorter, per option.
     let calibration = &accuracy_breakdown["calibration"];
-    let accuracy_bpf = accuracy_breakdown["cost"]["bpf"]["total_run_time_ns"]
-        .as_f64()
-        .unwrap_or(f64::NAN)
-        / accuracy_load["ok"].as_f64().unwrap_or(f64::NAN);
+    let accuracy_bpf = bpf_ns_per_answered(&accuracy_breakdown, &accuracy_load);
     let mut modes = vec![mode_cost(
         "lean (default)",
         &[],
