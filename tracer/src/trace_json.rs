@@ -120,18 +120,7 @@ pub fn trace(
             } else {
                 format!("{name} (overlap {lane})")
             };
-            events.push(meta(
-                "thread_name",
-                THREADS_PID,
-                Some(track),
-                json!({ "name": track_name }),
-            ));
-            events.push(meta(
-                "thread_sort_index",
-                THREADS_PID,
-                Some(track),
-                json!({ "sort_index": track }),
-            ));
+            events.extend(track_meta(THREADS_PID, track, &track_name));
             thread_tracks += 1;
             for s in slices {
                 let ids: Vec<u64> = s.requests.iter().map(|(_, id)| *id).collect();
@@ -170,18 +159,7 @@ pub fn trace(
             req.req_id,
             req.overhead_ns() / 1000
         );
-        events.push(meta(
-            "thread_name",
-            REQUESTS_PID,
-            Some(track),
-            json!({ "name": label }),
-        ));
-        events.push(meta(
-            "thread_sort_index",
-            REQUESTS_PID,
-            Some(track),
-            json!({ "sort_index": track }),
-        ));
+        events.extend(track_meta(REQUESTS_PID, track, &label));
         let mut args = json!({
             "req_id": req.req_id,
             "part": "request",
@@ -296,6 +274,19 @@ fn thread_slices(requests: &[(Group, &SpilledRequest)]) -> BTreeMap<u32, Lanes> 
             (tid, lanes)
         })
         .collect()
+}
+
+/// A track's name and its place in the viewer's order (tracks sort by their id).
+fn track_meta(pid: u64, track: u64, name: &str) -> [Value; 2] {
+    [
+        meta("thread_name", pid, Some(track), json!({ "name": name })),
+        meta(
+            "thread_sort_index",
+            pid,
+            Some(track),
+            json!({ "sort_index": track }),
+        ),
+    ]
 }
 
 fn meta(name: &str, pid: u64, tid: Option<u64>, args: Value) -> Value {
