@@ -178,7 +178,12 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     // Before attaching, so the target's probes do not run during the calibration loops.
     let calibration = crate::calibrate::before_attach(args.no_calibrate, &plan)?;
     let mut session = Session::attach(&target, &options, &plan)?;
-    eprintln!("tracer: mode {}", options.mode());
+    let mode = if args.wait_for {
+        format!("{} + wait-for", options.mode())
+    } else {
+        options.mode()
+    };
+    eprintln!("tracer: mode {mode}");
     if !options.skip.is_empty() {
         eprintln!("tracer: --skip: this session measures cost only; its requests will not rebuild");
     }
@@ -201,7 +206,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         meta.attach_modes
             .insert(mode.group.to_owned(), mode.mode.to_owned());
     }
-    meta.attach_modes.insert("mode".to_owned(), options.mode());
+    meta.attach_modes.insert("mode".to_owned(), mode);
     meta.attach_modes
         .insert("attach".to_owned(), plan.choice.as_str().to_owned());
     let detected = &plan.detected;
@@ -215,9 +220,13 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
             .insert(kind.to_owned(), availability.to_string());
     }
     let mut sink = Rebuild {
-        rebuilder: Rebuilder::new(),
+        rebuilder: if args.wait_for {
+            Rebuilder::new().with_wait_for()
+        } else {
+            Rebuilder::new()
+        },
         writer: SessionWriter::create(&args.out, meta)?,
-        pictures: Pictures::start(args.pid, &args.out)?,
+        pictures: Pictures::start(args.pid, &args.out, args.wait_for)?,
         tally: Tally::default(),
         hooks: Hooks::start(
             args.raw_events.as_deref(),

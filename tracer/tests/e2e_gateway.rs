@@ -272,7 +272,7 @@ fn traced_run(hog: bool) -> TracedRun {
     tracer_command
         .args(["-c", LOAD_CPU, env!("CARGO_BIN_EXE_tracer")])
         .args(["record", "--pid", &pid, "--out", out.to_str().unwrap()])
-        .args(["--attach", &attach]);
+        .args(["--attach", &attach, "--wait-for"]);
     let mut tracer = Running::spawn("tracer", tracer_command);
     let stderr = Arc::new(Mutex::new(String::new()));
     let (ready_tx, ready_rx) = mpsc::channel();

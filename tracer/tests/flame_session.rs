@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::path::Path;
 
-use tracer::flame::{Bands, FlameSession};
+use tracer::flame::{Bands, FlameSession, FlameSummary};
 use tracer::requests::{
     Hits, Holder, OffCpu, PARTS, Part, RequestRecord, Slice, StackSample, WaitCharge,
 };
@@ -139,10 +139,12 @@ fn svg_text(dir: &Path, name: &str) -> String {
     text
 }
 
-#[test]
-fn a_session_writes_every_picture_with_real_frames() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut session = FlameSession::create(dir.path()).unwrap();
+/// Draws the pictures of the synthetic records into `dir`, with or without the wait-for view.
+fn draw(dir: &Path, wait_for: bool) -> FlameSummary {
+    let mut session = FlameSession::create(dir).unwrap();
+    if wait_for {
+        session = session.with_wait_for();
+    }
     let records: Vec<_> = (0..REQUESTS).map(record).collect();
     for r in &records {
         session.push(r).unwrap();
@@ -161,7 +163,7 @@ fn a_session_writes_every_picture_with_real_frames() {
         (WORKER, "tokio-rt-worker".to_owned()),
         (WRITER, "ledger-writer".to_owned()),
     ]);
-    let summary = session
+    session
         .finish(
             &bands,
             &stacks,
@@ -170,7 +172,39 @@ fn a_session_writes_every_picture_with_real_frames() {
             &HashMap::from([(HOG, "hog".to_owned())]),
             4242,
         )
-        .unwrap();
+        .unwrap()
+}
+
+fn file_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn without_the_wait_for_view_no_wait_picture_is_drawn() {
+    let dir = tempfile::tempdir().unwrap();
+    let summary = draw(dir.path(), false);
+    assert_eq!(summary.requests, REQUESTS);
+    assert_eq!((summary.wait, summary.wait_all), (None, None));
+    let names = file_names(dir.path());
+    assert!(names.contains(&"tail-oncpu.svg".to_owned()), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.starts_with("tail-wait")),
+        "{names:?}"
+    );
+    let pictures: serde_json::Value =
+        serde_json::from_slice(&fs::read(dir.path().join("pictures.json")).unwrap()).unwrap();
+    assert!(pictures["wait"].is_null() && pictures["wait_all"].is_null());
+}
+
+#[test]
+fn a_session_writes_every_picture_with_real_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let summary = draw(dir.path(), true);
 
     assert_eq!(summary.requests, REQUESTS);
     assert_eq!(
@@ -183,13 +217,8 @@ fn a_session_writes_every_picture_with_real_frames() {
     assert_eq!(summary.slowest_ids.len(), 20);
     assert_eq!(summary.median_ids.len(), 20);
 
-    let mut names: Vec<String> = fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
     assert_eq!(
-        names,
+        file_names(dir.path()),
         [
             "all-oncpu.folded",
             "all-oncpu.svg",
@@ -245,13 +274,14 @@ fn a_session_writes_every_picture_with_real_frames() {
     assert!(
         wait_svg.contains("hog (pid 777)") && wait_svg.contains("flame_session::tail_hot_path")
     );
-    assert_eq!(summary.wait.scheduling_ns, 20_000);
-    assert_eq!(summary.wait.charged_ns, 20_000);
+    let wait = summary.wait.unwrap();
+    assert_eq!(wait.scheduling_ns, 20_000);
+    assert_eq!(wait.charged_ns, 20_000);
     assert_eq!(
-        summary.wait.holders[0],
+        wait.holders[0],
         ("other process · hog (pid 777)".to_owned(), 12_000)
     );
-    assert_eq!(summary.wait_all.charged_ns, 10_000 * REQUESTS);
+    assert_eq!(summary.wait_all.unwrap().charged_ns, 10_000 * REQUESTS);
     let pictures: serde_json::Value =
         serde_json::from_slice(&fs::read(dir.path().join("pictures.json")).unwrap()).unwrap();
     assert_eq!(pictures["wait"]["scheduling_ns"], 20_000);

@@ -60,7 +60,7 @@ fn preempted_by_another_process_is_charged_to_it_by_name() {
         .switch_in_on(1500, WORKER, CPU)
         .request_end(1600, WORKER, 1, 200)
         .send(1700, 1710, WORKER, 10, 100);
-    let mut rebuilder = Rebuilder::new();
+    let mut rebuilder = Rebuilder::new().with_wait_for();
     let events = s.events();
     for ev in &events {
         rebuilder.push(ev);
@@ -74,6 +74,36 @@ fn preempted_by_another_process_is_charged_to_it_by_name() {
         vec![(Holder::Process(HOG), 300), (Holder::Thread(WORKER), 10)]
     );
     assert_eq!(rebuilder.task_names()[&HOG], "hog");
+}
+
+/// Without the wait-for view the same stream rebuilds to the same requests, parts and slices,
+/// with no waits charged.
+#[test]
+fn without_the_view_nothing_but_the_waits_changes() {
+    let mut s = Stream::new();
+    s.switch_in_on(900, WORKER, CPU)
+        .data_ready(1000, 0xc1)
+        .sock_fd(1015, WORKER, 0xc1, 10)
+        .recv(1010, 1020, WORKER, 10, 100)
+        .request_begin(1100, WORKER, 1, 10)
+        .switch_to(1200, WORKER, true, HOG, CPU)
+        .task_name(1200, HOG, "hog")
+        .switch_in_on(1500, WORKER, CPU)
+        .request_end(1600, WORKER, 1, 200)
+        .send(1700, 1710, WORKER, 10, 100);
+    let with = s.rebuild();
+    let without = s.rebuild_with(Rebuilder::new());
+    let r = complete(&with, 1);
+    assert!(!r.waits.is_empty());
+    let lean = complete(&without, 1);
+    assert!(lean.waits.is_empty(), "{:?}", lean.waits);
+    assert_eq!(
+        RequestRecord {
+            waits: vec![],
+            ..r.clone()
+        },
+        *lean
+    );
 }
 
 #[test]

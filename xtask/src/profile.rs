@@ -345,10 +345,11 @@ fn start_tracer(
         &path_arg(out),
         "--sample-hz",
         &args.sample_hz.to_string(),
-        // A session is for reading the tail: per-phase parts and stacks, at their cost (the
-        // README's mode line); `run-tracer` defaults to the lean set.
+        // A session is for reading the tail: per-phase parts, stacks and what the tail waited
+        // behind, at their cost (the README's mode line); `run-tracer` defaults to the lean set.
         "--offcpu-stacks",
         "--phases",
+        "--wait-for",
         // The README's BPF run time (stats add ~50 ns a program run).
         "--bpf-stats",
     ]);

@@ -53,7 +53,7 @@ pub struct Args {
     #[arg(long, default_value_t = 10.0, value_parser = flags::seconds)]
     window: f64,
     /// A/B windows per arm for each of the other modes' cost (--phases, --offcpu-stacks,
-    /// --sample-hz 999, all three as `profile` runs them, and the floor: the tracepoints
+    /// --sample-hz 999, --wait-for, all four as `profile` runs them, and the floor: the tracepoints
     /// alone and the sites alone, plus the traced max with the tracepoints alone); 0 skips
     /// them.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=50))]
@@ -354,13 +354,20 @@ fn analysis(program: &Path, args: &[String]) -> anyhow::Result<Value> {
 /// The tracer's options beyond the lean default, each costed on its own, and as `profile`
 /// runs them together; then the floor: the lean set split into its uprobes and its
 /// tracepoints (`--skip`: cost only, no requests rebuild).
-const MODES: [(&str, &[&str]); 6] = [
+const MODES: [(&str, &[&str]); 7] = [
     ("--phases", &["--phases"]),
     ("--offcpu-stacks", &["--offcpu-stacks"]),
     ("--sample-hz 999", &["--sample-hz", "999"]),
+    ("--wait-for", &["--wait-for"]),
     (
-        "profile (all three)",
-        &["--phases", "--offcpu-stacks", "--sample-hz", "999"],
+        "profile (all four)",
+        &[
+            "--phases",
+            "--offcpu-stacks",
+            "--sample-hz",
+            "999",
+            "--wait-for",
+        ],
     ),
     (SKIP_SITES.0, SKIP_SITES.1),
     (

@@ -54,6 +54,7 @@ pub mod files {
 pub struct FlameSession {
     out_dir: PathBuf,
     spill: Spill,
+    wait_for: bool,
 }
 
 /// What the pictures show, also written as `pictures.json`.
@@ -66,9 +67,10 @@ pub struct FlameSummary {
     pub tail_samples: u64,
     pub median_samples: u64,
     pub tail_offcpu_ns: u64,
-    pub wait: WaitSummary,
+    /// The tail's wait-for view, when the session had it (`--wait-for`).
+    pub wait: Option<WaitSummary>,
     /// The same over every complete request: what requests wait behind in general.
-    pub wait_all: WaitSummary,
+    pub wait_all: Option<WaitSummary>,
     pub trace: TraceSummary,
     pub slowest_ids: Vec<u64>,
     pub median_ids: Vec<u64>,
@@ -84,7 +86,14 @@ impl FlameSession {
         Ok(FlameSession {
             out_dir: out_dir.to_owned(),
             spill,
+            wait_for: false,
         })
+    }
+
+    /// Also draws the wait-for view (`tail-wait`), from the records' `waits`.
+    pub fn with_wait_for(mut self) -> Self {
+        self.wait_for = true;
+        self
     }
 
     /// Records one complete request; call it for every `Outcome::Complete` as it arrives.
@@ -169,9 +178,6 @@ impl FlameSession {
         let median_folded = median.fold(stacks, symbolizer);
         let tail_off_folded = tail_off.fold(stacks, symbolizer);
         summary.tail_offcpu_ns = tail_off_folded.total();
-        let tail_wait_folded = tail_wait.fold(stacks, symbolizer, threads, tasks);
-        summary.wait = tail_wait.summary(threads, tasks);
-        summary.wait_all = all_wait.summary(threads, tasks);
 
         let tail_us = bands.tail_above_ns as f64 / 1e3;
         let (lo_us, hi_us) = (
@@ -219,29 +225,32 @@ impl FlameSession {
                 count_name: "ns",
             },
         )?;
-        let uncovered = summary
-            .wait
-            .scheduling_ns
-            .abs_diff(tail_wait_folded.total());
-        self.write_pair(
-            files::TAIL_WAIT,
-            &tail_wait_folded,
-            &Picture {
-                title: format!(
-                    "While {} tail requests waited for the CPU ({:.1} ms of scheduling): what ran instead",
-                    summary.tail_requests,
-                    summary.wait.scheduling_ns as f64 / 1e6
-                ),
-                subtitle: format!(
-                    "root = waiter's part; then the holder; then its stack where a sample of it fell inside; \
-                     {:.1} ms charged, {:.1} ms on an unseen CPU, {:.1} ms not charged",
-                    tail_wait_folded.total() as f64 / 1e6,
-                    summary.wait.unknown_ns as f64 / 1e6,
-                    uncovered as f64 / 1e6
-                ),
-                count_name: "ns",
-            },
-        )?;
+        if self.wait_for {
+            let tail_wait_folded = tail_wait.fold(stacks, symbolizer, threads, tasks);
+            let wait = tail_wait.summary(threads, tasks);
+            let uncovered = wait.scheduling_ns.abs_diff(tail_wait_folded.total());
+            self.write_pair(
+                files::TAIL_WAIT,
+                &tail_wait_folded,
+                &Picture {
+                    title: format!(
+                        "While {} tail requests waited for the CPU ({:.1} ms of scheduling): what ran instead",
+                        summary.tail_requests,
+                        wait.scheduling_ns as f64 / 1e6
+                    ),
+                    subtitle: format!(
+                        "root = waiter's part; then the holder; then its stack where a sample of it fell inside; \
+                         {:.1} ms charged, {:.1} ms on an unseen CPU, {:.1} ms not charged",
+                        tail_wait_folded.total() as f64 / 1e6,
+                        wait.unknown_ns as f64 / 1e6,
+                        uncovered as f64 / 1e6
+                    ),
+                    count_name: "ns",
+                },
+            )?;
+            summary.wait = Some(wait);
+            summary.wait_all = Some(all_wait.summary(threads, tasks));
+        }
         fs::write(
             self.out_dir.join(format!("{}.folded", files::MEDIAN_ONCPU)),
             median_folded.to_text(),
@@ -312,9 +321,15 @@ pub struct Pictures {
 }
 
 impl Pictures {
-    pub fn start(pid: u32, out_dir: &Path) -> Result<Self> {
+    /// `wait_for`: also draw the wait-for view (the records carry their waits).
+    pub fn start(pid: u32, out_dir: &Path, wait_for: bool) -> Result<Self> {
+        let session = FlameSession::create(out_dir)?;
         Ok(Pictures {
-            session: FlameSession::create(out_dir)?,
+            session: if wait_for {
+                session.with_wait_for()
+            } else {
+                session
+            },
             symbolizer: Symbolizer::for_process(pid)
                 .context("snapshotting the target's mappings")?,
             threads: trace_json::read_thread_names(pid),
@@ -367,8 +382,8 @@ fn summary_json(s: &FlameSummary, bands: &Bands) -> String {
         "median_band": { "overhead_ns": [bands.median_lo_ns, bands.median_hi_ns], "requests": s.median_requests,
                          "samples": s.median_samples },
         "all_samples": s.all_samples,
-        "wait": s.wait.to_json(),
-        "wait_all": s.wait_all.to_json(),
+        "wait": s.wait.as_ref().map(WaitSummary::to_json),
+        "wait_all": s.wait_all.as_ref().map(WaitSummary::to_json),
         "trace": { "slowest_req_ids": s.slowest_ids, "median_req_ids": s.median_ids,
                    "thread_tracks": s.trace.thread_tracks, "complete_events": s.trace.events },
         "kernel_symbols": s.kernel_names,

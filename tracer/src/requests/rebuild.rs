@@ -193,6 +193,8 @@ pub struct Rebuilder {
     sockets: Sockets,
     threads: Threads,
     writer: WriterLog,
+    /// Keep the CPU and activity logs and attribute each request's waits (the wait-for view).
+    wait_for: bool,
     cpus: CpuLog,
     activity: Activity,
     open: HashMap<u64, OpenRequest>,
@@ -219,8 +221,17 @@ fn overlaps(span: (u64, u64), from: u64, to: u64) -> bool {
 }
 
 impl Rebuilder {
+    /// Rebuilds requests and their parts; their `waits` stay empty.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Also charges each request's waits to what held the CPU (`RequestRecord::waits`): the
+    /// tracer's own CPU per request grows by about half (the CPU and activity logs kept, each
+    /// wait cut against them), nothing in the kernel.
+    pub fn with_wait_for(mut self) -> Self {
+        self.wait_for = true;
+        self
     }
 
     /// fsync durations and run-queue delays as the model saw them, for the cross-check.
@@ -259,8 +270,10 @@ impl Rebuilder {
             kind::DATA_READY => self.data_ready(ev),
             kind::ESTABLISHED => self.sockets.established(ev.ts_ns, ev.args[0]),
             kind::SWITCH_OUT => {
-                let (next_pid, cpu) = switch::unpack(ev.args[2]);
-                self.cpus.switch_out(ev.ts_ns, ev.tid, next_pid, cpu);
+                if self.wait_for {
+                    let (next_pid, cpu) = switch::unpack(ev.args[2]);
+                    self.cpus.switch_out(ev.ts_ns, ev.tid, next_pid, cpu);
+                }
                 self.sched(
                     ev,
                     SchedEv::Out {
@@ -271,7 +284,9 @@ impl Rebuilder {
                 )
             }
             kind::SWITCH_IN => {
-                self.cpus.switch_in(ev.ts_ns, ev.tid, ev.args[0] as u32);
+                if self.wait_for {
+                    self.cpus.switch_in(ev.ts_ns, ev.tid, ev.args[0] as u32);
+                }
                 self.sched(ev, SchedEv::In)
             }
             kind::TASK_NAME => self.cpus.task_name(ev.tid, [ev.args[0], ev.args[1]]),
@@ -389,6 +404,9 @@ impl Rebuilder {
 
     fn site(&mut self, ev: &Event) {
         self.site_inner(ev);
+        if !self.wait_for {
+            return;
+        }
         // What the thread polls from now on, for the wait-for view.
         let polled = self
             .polled_id(ev.tid)
@@ -539,8 +557,10 @@ impl Rebuilder {
             }
             _ => (ts, true),
         };
-        self.activity
-            .worked_for(tid, read_enter, ts, id, Phase::Parse);
+        if self.wait_for {
+            self.activity
+                .worked_for(tid, read_enter, ts, id, Phase::Parse);
+        }
         self.by_client_fd.insert(fd, id);
         self.sockets.mark_client(fd);
         // The handler's first poll starts now, on this thread.
@@ -660,8 +680,10 @@ impl Rebuilder {
         let Some(req) = self.open.remove(&id) else {
             return;
         };
-        self.activity
-            .worked_for(last.tid, last.exit, enter, id, Phase::Respond);
+        if self.wait_for {
+            self.activity
+                .worked_for(last.tid, last.exit, enter, id, Phase::Respond);
+        }
         self.forget(&req);
         let outcome = match self.complete(&req, enter) {
             Ok(record) => Outcome::Complete(record),
@@ -707,8 +729,10 @@ impl Rebuilder {
     fn sample(&mut self, ev: &Event) {
         self.threads.on_cpu(ev.ts_ns, ev.tid);
         let (ts_ns, tid) = (ev.ts_ns, ev.tid);
-        self.activity
-            .sample(ts_ns, tid, ev.args[0] as i64, ev.args[1] as i64);
+        if self.wait_for {
+            self.activity
+                .sample(ts_ns, tid, ev.args[0] as i64, ev.args[1] as i64);
+        }
         if let Some(r) = self.polled_by(tid) {
             r.hits.samples += 1;
             let phase = r.phases.current();
@@ -815,13 +839,17 @@ impl Rebuilder {
             tl.overlay(up.send.max(t_arrive), a.min(t_done), Part::Upstream, 0);
         }
         let built = tl.build(t_arrive, t_done)?;
-        let sources = Sources {
-            cpus: &self.cpus,
-            activity: &self.activity,
-            writer: &self.writer,
-            threads: &self.threads,
+        let waits = if self.wait_for {
+            let sources = Sources {
+                cpus: &self.cpus,
+                activity: &self.activity,
+                writer: &self.writer,
+                threads: &self.threads,
+            };
+            wait::attribute(&sources, &built.slices, req.begin_tid)
+        } else {
+            Vec::new()
         };
-        let waits = wait::attribute(&sources, &built.slices, req.begin_tid);
         Ok(RequestRecord {
             req_id: req.req_id,
             status,

@@ -174,10 +174,15 @@ impl Stream {
         events
     }
 
-    /// Feed everything to a fresh [`Rebuilder`], then finish at the last event.
+    /// Feed everything to a fresh [`Rebuilder`] with the wait-for view, then finish at the
+    /// last event.
     pub fn rebuild(&self) -> Vec<Outcome> {
+        self.rebuild_with(Rebuilder::new().with_wait_for())
+    }
+
+    /// Feed everything to `rebuilder`, then finish at the last event.
+    pub fn rebuild_with(&self, mut rebuilder: Rebuilder) -> Vec<Outcome> {
         let events = self.events();
-        let mut rebuilder = Rebuilder::new();
         let mut out = Vec::new();
         for ev in &events {
             rebuilder.push(ev);

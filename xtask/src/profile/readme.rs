@@ -514,7 +514,7 @@ fn wait_tables(wait: &Value, wait_all: &Value, tail_requests: &Value) -> String 
     let Some(holders) = wait["holders"].as_array() else {
         let _ = writeln!(
             w,
-            "\n## While the tail waited, the CPU ran\n\npictures.json has no `wait` section (a session from before the wait-for view)."
+            "\n## While the tail waited, the CPU ran\n\npictures.json has no `wait` section: the session ran without `--wait-for` (or before the view existed)."
         );
         return md;
     };

@@ -55,7 +55,7 @@ impl Guest<'_> {
         let _ = std::fs::remove_file(&socket);
         let log = self.run_dir.join("virtiofsd.log");
         let _virtiofsd = Killed(self.spawn_virtiofsd(&socket, &log)?);
-        wait_for(&socket, Duration::from_secs(10)).context("virtiofsd did not start")?;
+        wait_until_exists(&socket, Duration::from_secs(10)).context("virtiofsd did not start")?;
 
         let mut qemu = self.qemu(&socket);
         let mut child = qemu
@@ -187,7 +187,7 @@ fn is_crash(line: &str, first: bool) -> bool {
     }
 }
 
-fn wait_for(path: &Path, timeout: Duration) -> anyhow::Result<()> {
+fn wait_until_exists(path: &Path, timeout: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     while !path.exists() {
         if Instant::now() > deadline {
