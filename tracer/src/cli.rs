@@ -50,8 +50,8 @@ pub struct RecordArgs {
     #[arg(long)]
     pub phases: bool,
     /// Charge each request's waits to what held the CPU instead (tail-wait.svg/.folded and
-    /// pictures.json's `wait`, `wait_all`). No more events: the tracer's own CPU per request,
-    /// about 1.5-2× (measured at 25% load).
+    /// pictures.json's `wait`, `wait_all`). No more events, but the tracer's own CPU nearly
+    /// doubles (measured at 25% load).
     #[arg(long)]
     pub wait_for: bool,
     /// Also write every event read, 40 bytes each, to this file (for `crosscheck`).

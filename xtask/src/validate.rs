@@ -241,14 +241,21 @@ impl Bench {
             } else {
                 None
             };
-            let (cpu_before, cpu0_before) = (
+            let tracer_cpu = || {
+                tracer
+                    .as_ref()
+                    .and_then(|t| procstat::cpu_seconds(t.tracer.proc.pid()))
+            };
+            let (cpu_before, cpu0_before, tracer_before) = (
                 procstat::cpu_seconds(self.gateway.proc.pid()),
                 procstat::cpu_times(self.gateway_cpu),
+                tracer_cpu(),
             );
             let load = self.open_loop(rate, window, &[]);
-            let (cpu_after, cpu0_after) = (
+            let (cpu_after, cpu0_after, tracer_after) = (
                 procstat::cpu_seconds(self.gateway.proc.pid()),
                 procstat::cpu_times(self.gateway_cpu),
+                tracer_cpu(),
             );
             let breakdown = tracer.map(Traced::stop).transpose()?;
             let load = load?;
@@ -268,6 +275,8 @@ impl Bench {
                 "gateway_cpu_us_per_request": cpu_s.map(|s| s * 1e6 / ok.max(1.0)),
                 "gateway_cpu_share": cpu_s.map(|s| s / window),
                 "cpu0_busy": cpu0_before.zip(cpu0_after).map(|(b, a)| b.busy_share_until(&a)),
+                // The tracer process over the load, attach and final drawing left out.
+                "tracer_cpu_cores": tracer_after.zip(tracer_before).map(|(a, b)| (a - b) / window),
                 "tracer_lost_events": breakdown.as_ref().map(|(b, _)| b["lost_events"].clone()),
                 "tracer_requests": breakdown.as_ref().map(|(b, _)| b["requests"].clone()),
             "tracer_hits_per_request": breakdown.as_ref().map(|(b, _)| b["hits_per_request"].clone()),
@@ -443,6 +452,7 @@ fn mode_cost(
         "bpf_ns_per_request": bpf_ns_per_request,
         "gateway_cpu_us_per_request": {"untraced": untraced, "traced": traced},
         "cpu_ratio": traced / untraced,
+        "tracer_cpu_cores": f(arm(true, "tracer_cpu_cores")),
     })
 }
 

@@ -383,20 +383,22 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
              the tracer's hits per complete request in the traced windows (medians), the \
              calibrated probe time of those hits, and the BPF run time per answered request \
              from one more traced window with BPF stats on (the lean row: the accuracy run), \
-             since the stats' clock reads would add to the A/B's CPU. The \
+             since the stats' clock reads would add to the A/B's CPU, and the tracer \
+             process's CPU over the traced windows' load (median; `--wait-for` costs only \
+             there). The \
              floor rows leave a group unattached (`tracer record --skip`): they measure cost \
              only, their requests do not rebuild, so they have no hits.\n",
             num(&v["settings"]["mode_window_s"], 0),
         )?;
         writeln!(
             md,
-            "| mode | site hits / req | syscall / sock / sched hits | samples / req | probe µs / req (calibrated) | BPF µs / req | gateway CPU µs / req untraced → traced | ratio |\n|---|---|---|---|---|---|---|---|"
+            "| mode | site hits / req | syscall / sock / sched hits | samples / req | probe µs / req (calibrated) | BPF µs / req | gateway CPU µs / req untraced → traced | ratio | tracer process, cores |\n|---|---|---|---|---|---|---|---|---|"
         )?;
         for m in modes {
             let h = &m["hits_per_request"];
             writeln!(
                 md,
-                "| {} | {} | {} / {} / {} | {} | {} | {} | {} → {} | **{}** |",
+                "| {} | {} | {} / {} / {} | {} | {} | {} | {} → {} | **{}** | {} |",
                 m["mode"].as_str().unwrap_or("?"),
                 num(&h["sites"], 1),
                 num(&h["syscalls"], 1),
@@ -414,6 +416,7 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
                 num(&m["gateway_cpu_us_per_request"]["untraced"], 1),
                 num(&m["gateway_cpu_us_per_request"]["traced"], 1),
                 num(&m["cpu_ratio"], 3),
+                num(&m["tracer_cpu_cores"], 3),
             )?;
         }
         writeln!(md)?;
