@@ -130,8 +130,9 @@ pub struct Drops {
     pub tids_full: u64,
     /// A syscall's enter could not be stored in IN_FLIGHT (map full): its exit emits nothing.
     pub in_flight_full: u64,
-    /// `bpf_get_stackid` failed (hash bucket taken by another stack, or map full): the event
-    /// went out with stack id -1.
+    /// `bpf_get_stackid` failed (hash bucket taken by another stack, or a stack that could
+    /// not be walked): the event went out with stack id -1. A sample in user mode takes no
+    /// kernel stack and counts nothing here.
     pub stack_failed: u64,
     /// Submits that woke the reader because the ring was fuller than `Config::wakeup_bytes`.
     pub forced_wakeups: u64,

@@ -305,15 +305,27 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     eprintln!("tracer: own cpu {user_s:.2}s user + {system_s:.2}s system");
     let kernel_drops = crate::events::drops::read(&drops)?;
     let unclaimed = sink.rebuilder.established_unclaimed();
-    if kernel_drops.tids_full + kernel_drops.in_flight_full + kernel_drops.stack_failed > 0
-        || unclaimed > 0
-    {
+    if kernel_drops.tids_full + kernel_drops.in_flight_full > 0 {
         eprintln!(
-            "tracer: WARNING kernel maps full: {} thread adds, {} syscall enters; {} stacks not              taken; {} connections on the listening port(s) never served (another netns?)",
-            kernel_drops.tids_full,
-            kernel_drops.in_flight_full,
+            "tracer: WARNING kernel maps full: {} thread adds and {} syscall enters dropped; \
+             requests that needed them are incomplete",
+            kernel_drops.tids_full, kernel_drops.in_flight_full,
+        );
+    }
+    if kernel_drops.stack_failed > 0 {
+        // Without BPF_F_REUSE_STACKID a stack whose hash bucket holds another stack is not
+        // stored (reusing would repoint ids already sent); a stack can also fail to walk.
+        eprintln!(
+            "tracer: {} stack walks failed (bucket held by another stack, or not walkable); \
+             those samples and switch-outs are drawn as {}",
             kernel_drops.stack_failed,
-            unclaimed,
+            crate::flame::fold::NO_STACK,
+        );
+    }
+    if unclaimed > 0 {
+        eprintln!(
+            "tracer: WARNING {unclaimed} connections reached the listening port(s) and were never \
+             served by the target (another network namespace on the same port?)"
         );
     }
     let mut drops_json = crate::events::drops::to_json(&kernel_drops);

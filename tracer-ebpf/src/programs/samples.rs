@@ -10,8 +10,22 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
     let Some(tid) = current_target_tid() else {
         return 0;
     };
-    let kernel_stack = stack_id(&ctx, 0);
+    // A sample in user mode has no kernel frames: the walk would only fail (-EFAULT on an
+    // empty stack) and count as a failed stack, at the cost of a walk.
+    let kernel_stack = if in_user_mode(&ctx) {
+        -1i64 as u64
+    } else {
+        stack_id(&ctx, 0)
+    };
     let user_stack = stack_id(&ctx, u64::from(BPF_F_USER_STACK));
     emit(now(), tid, kind::SAMPLE, 0, [kernel_stack, user_stack, 0]);
     0
+}
+
+/// Whether the interrupted context was user mode (the low two bits of `cs`: the privilege level).
+#[inline(always)]
+fn in_user_mode(ctx: &PerfEventContext) -> bool {
+    // SAFETY: a perf_event program's context is a live `bpf_perf_event_data`, readable in place.
+    let cs = unsafe { (*ctx.ctx).regs.cs };
+    cs & 3 == 3
 }
