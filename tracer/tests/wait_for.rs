@@ -47,8 +47,8 @@ fn assert_covers(r: &RequestRecord, part: Part) {
     );
 }
 
-#[test]
-fn preempted_by_another_process_is_charged_to_it_by_name() {
+/// Request 1 on the worker, preempted by HOG for 300 ns in its first poll.
+fn preempted_by_hog() -> Stream {
     let mut s = Stream::new();
     s.switch_in_on(900, WORKER, CPU)
         .data_ready(1000, 0xc1)
@@ -60,6 +60,12 @@ fn preempted_by_another_process_is_charged_to_it_by_name() {
         .switch_in_on(1500, WORKER, CPU)
         .request_end(1600, WORKER, 1, 200)
         .send(1700, 1710, WORKER, 10, 100);
+    s
+}
+
+#[test]
+fn preempted_by_another_process_is_charged_to_it_by_name() {
+    let s = preempted_by_hog();
     let mut rebuilder = Rebuilder::new().with_wait_for();
     let events = s.events();
     for ev in &events {
@@ -80,17 +86,7 @@ fn preempted_by_another_process_is_charged_to_it_by_name() {
 /// with no waits charged.
 #[test]
 fn without_the_view_nothing_but_the_waits_changes() {
-    let mut s = Stream::new();
-    s.switch_in_on(900, WORKER, CPU)
-        .data_ready(1000, 0xc1)
-        .sock_fd(1015, WORKER, 0xc1, 10)
-        .recv(1010, 1020, WORKER, 10, 100)
-        .request_begin(1100, WORKER, 1, 10)
-        .switch_to(1200, WORKER, true, HOG, CPU)
-        .task_name(1200, HOG, "hog")
-        .switch_in_on(1500, WORKER, CPU)
-        .request_end(1600, WORKER, 1, 200)
-        .send(1700, 1710, WORKER, 10, 100);
+    let s = preempted_by_hog();
     let with = s.rebuild();
     let without = s.rebuild_with(Rebuilder::new());
     let r = complete(&with, 1);
