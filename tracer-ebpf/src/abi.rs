@@ -148,11 +148,19 @@ unsafe impl aya::Pod for Drops {}
 pub struct Config {
     /// The target's tgid (its pid).
     pub tgid: u32,
-    /// 1 to take a stack id at every switch-out of a target thread.
-    pub offcpu_stacks: u32,
+    /// [`Config::OFFCPU_STACKS`], [`Config::EMPTY_PROGRAMS`].
+    pub flags: u32,
     /// Events are submitted without waking the reader, which drains on a timer; once the ring
     /// holds more than this many bytes, a submit wakes it so that a burst is not lost.
     pub wakeup_bytes: u64,
+}
+
+impl Config {
+    /// Take a stack id at every switch-out of a target thread.
+    pub const OFFCPU_STACKS: u32 = 1;
+    /// Every program returns at once, as if no target were set: the hooks stay attached, so a
+    /// session measures what the traps and the dispatch cost on their own, and records nothing.
+    pub const EMPTY_PROGRAMS: u32 = 2;
 }
 
 #[cfg(feature = "user")]

@@ -495,7 +495,7 @@ impl Probes {
         }
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", RING_BYTES)
-            // No stacks are taken (offcpu_stacks = 0): do not preallocate the session's size.
+            // No stacks are taken (no OFFCPU_STACKS flag): do not preallocate the session's size.
             .map_max_entries("STACKS", 1)
             .load(attach::OBJECT)
             .context("loading the eBPF object for calibration")?;
@@ -503,7 +503,7 @@ impl Probes {
         // Submits wake no reader, as in a session: the loops drain the ring themselves.
         let config = Config {
             tgid: pid.get(),
-            offcpu_stacks: 0,
+            flags: 0,
             wakeup_bytes: u64::from(RING_BYTES) / 4,
         };
         let map = ebpf.map_mut("CONFIG").context("map CONFIG missing")?;

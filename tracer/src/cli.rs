@@ -72,6 +72,11 @@ pub struct RecordArgs {
     /// only measures cost: its requests do not rebuild.
     #[arg(long, value_enum, value_name = "GROUP")]
     pub skip: Vec<Group>,
+    /// Attach every hook as usual, but let each program return at once: the session measures
+    /// what the uprobe traps and the tracepoint dispatch cost on their own (validate's
+    /// "hooks only" floor row), and records nothing.
+    #[arg(long)]
+    pub empty_programs: bool,
     /// Skip the probe-cost calibration (~1-2 s before attaching) and its breakdown.json section.
     #[arg(long)]
     pub no_calibrate: bool,
@@ -126,7 +131,7 @@ mod tests {
         let cli = Cli::parse_from(["tracer", "record", "--pid", "1"]);
         let Command::Record(args) = cli.command;
         assert_eq!((args.pid, args.sample_hz, args.ring_mib), (1, 99, 64));
-        assert!(!args.phases && !args.offcpu_stacks && !args.wait_for);
+        assert!(!args.phases && !args.offcpu_stacks && !args.wait_for && !args.empty_programs);
         assert_eq!(args.duration, None);
         assert_eq!(args.attach, Choice::Auto);
     }

@@ -173,6 +173,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         offcpu_stacks: args.offcpu_stacks,
         phases: args.phases,
         skip: args.skip.clone(),
+        empty_programs: args.empty_programs,
     };
     let plan = Plan::new(args.attach)?;
     // Before attaching, so the target's probes do not run during the calibration loops.
@@ -184,7 +185,12 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         options.mode()
     };
     eprintln!("tracer: mode {mode}");
-    if !options.skip.is_empty() {
+    if options.empty_programs {
+        eprintln!(
+            "tracer: --empty-programs: the hooks are attached but their programs return at once; \
+             this session measures cost only and records nothing"
+        );
+    } else if options.cost_only() {
         eprintln!("tracer: --skip: this session measures cost only; its requests will not rebuild");
     }
     for mode in &session.modes {

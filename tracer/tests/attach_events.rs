@@ -152,3 +152,49 @@ fn sigint_detaches() {
     assert!(stderr.contains("stopped (signal 2)"), "{stderr}");
     assert_eq!(still_loaded(&program_ids(&stderr)), Vec::<u32>::new());
 }
+
+/// `--empty-programs` (validate's "hooks only" floor row) must cost what the hooks cost: every
+/// group attached as in a normal session, while the fixture keeps hitting its sites and
+/// syscalls, and not one event written.
+#[test]
+fn empty_programs_attach_every_hook_and_record_nothing() {
+    if !require_root("empty_programs_attach_every_hook_and_record_nothing") {
+        return;
+    }
+    let me = std::env::current_exe().unwrap();
+    let mut fixture = spawn_fixture(&me, 600.0);
+    let out = tempfile::tempdir().unwrap();
+    let pid = fixture.id().to_string();
+    let attach = attach_choice();
+    let output = run_tracer(&[
+        "record",
+        "--pid",
+        &pid,
+        "--duration",
+        "2",
+        "--out",
+        out.path().to_str().unwrap(),
+        "--attach",
+        &attach,
+        "--no-calibrate",
+        "--empty-programs",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    fixture.kill().unwrap();
+    fixture.wait().unwrap();
+    assert!(output.status.success(), "tracer failed:\n{stderr}");
+    assert!(stderr.contains("+ empty programs"), "{stderr}");
+    for group in ["sched", "syscalls", "sockets", "sites", "samples"] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("tracer: attach {group} "))),
+            "no attach line for {group}:\n{stderr}"
+        );
+    }
+    let counts = event_counts(&stderr);
+    assert_eq!(counts.len(), 10, "{stderr}");
+    assert!(counts.iter().all(|(_, n)| *n == 0), "{stderr}");
+    assert_eq!(still_loaded(&program_ids(&stderr)), Vec::<u32>::new());
+    assert_eq!(leftover_uprobes(&me), Vec::<String>::new());
+}

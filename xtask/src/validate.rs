@@ -362,8 +362,10 @@ fn analysis(program: &Path, args: &[String]) -> anyhow::Result<Value> {
 
 /// The tracer's options beyond the lean default, each costed on its own, and as `profile`
 /// runs them together; then the floor: the lean set split into its uprobes and its
-/// tracepoints (`--skip`: cost only, no requests rebuild).
-const MODES: [(&str, &[&str]); 7] = [
+/// tracepoints (`--skip`), and all of it with programs that return at once
+/// (`--empty-programs`: the hooks' own cost). Floor rows measure cost only: no request
+/// rebuilds.
+const MODES: [(&str, &[&str]); 8] = [
     ("--phases", &["--phases"]),
     ("--offcpu-stacks", &["--offcpu-stacks"]),
     ("--sample-hz 999", &["--sample-hz", "999"]),
@@ -385,10 +387,20 @@ const MODES: [(&str, &[&str]); 7] = [
             "--skip", "sched", "--skip", "syscalls", "--skip", "sockets", "--skip", "samples",
         ],
     ),
+    (EMPTY_PROGRAMS.0, EMPTY_PROGRAMS.1),
 ];
+
+/// Every hook of the lean set, each program returning at once: the traps and the dispatch.
+const EMPTY_PROGRAMS: (&str, &[&str]) =
+    ("hooks only, programs empty (floor)", &["--empty-programs"]);
 
 /// The lean set without its uprobes: what the kernel events alone cost.
 const SKIP_SITES: (&str, &[&str]) = ("tracepoints only (floor)", &["--skip", "sites"]);
+
+/// Whether a mode's flags make it a cost-only floor row.
+fn is_floor(flags: &[&str]) -> bool {
+    flags.contains(&"--skip") || flags == EMPTY_PROGRAMS.1
+}
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.retain(|v| v.is_finite());
@@ -437,8 +449,8 @@ fn mode_cost(
         hits_json.insert((*kind).to_owned(), json!(per_request));
     }
     let (traced, untraced) = (cpu(true), cpu(false));
-    // A `--skip` session rebuilds no request, so it has no hits to count.
-    let (hits_json, probe_ns) = if flags.contains(&"--skip") {
+    // A floor session rebuilds no request, so it has no hits to count.
+    let (hits_json, probe_ns) = if is_floor(flags) {
         (Value::Null, Value::Null)
     } else {
         (Value::Object(hits_json), json!(probe_ns))

@@ -45,10 +45,13 @@ pub static LISTEN_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(64, 0);
 #[map]
 pub static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
 
-/// The target's tgid, or `None` before user space wrote `CONFIG`.
+/// The target's configuration; `None` before user space wrote `CONFIG`, or when the programs
+/// are to do nothing (`Config::EMPTY_PROGRAMS`). Every program asks this first.
 #[inline(always)]
 pub fn config() -> Option<&'static Config> {
-    CONFIG.get(0).filter(|config| config.tgid != 0)
+    CONFIG
+        .get(0)
+        .filter(|config| config.tgid != 0 && config.flags & Config::EMPTY_PROGRAMS == 0)
 }
 
 /// (tgid, tid) of the current task.

@@ -6,7 +6,7 @@ use aya_ebpf::{
     maps::LruHashMap, programs::TracePointContext,
 };
 use tracer_ebpf::{
-    abi::{kind, switch},
+    abi::{Config, kind, switch},
     tracepoints::{
         FORK_CHILD_PID, FORK_CHILD_PID_FIXED_COMM, Field, SWITCH_NEXT_COMM, SWITCH_NEXT_PID,
         SWITCH_PREV_STATE, TASK_REPORT_MAX, WAKEUP_PID,
@@ -71,7 +71,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         ts = now();
         let prev_state: i64 = field(&ctx, SWITCH_PREV_STATE);
         let runnable = u16::from(prev_state & TASK_STATE_MASK == 0);
-        let (kernel_stack, user_stack) = if config.offcpu_stacks == 1 {
+        let (kernel_stack, user_stack) = if config.flags & Config::OFFCPU_STACKS != 0 {
             (
                 stack_id(&ctx, 0),
                 stack_id(&ctx, u64::from(BPF_F_USER_STACK)),

@@ -19,7 +19,7 @@ use tracer_ebpf::{
 };
 
 use super::{
-    maps::{LISTEN_PORTS, TARGET_SOCKS, current_target_tid, emit, field, now},
+    maps::{LISTEN_PORTS, TARGET_SOCKS, config, current_target_tid, emit, field, now},
     syscalls::in_flight,
 };
 
@@ -57,6 +57,9 @@ fn sock_io(sk: u64, receive: bool) -> u32 {
 
 #[inline(always)]
 fn data_ready(sk: u64) -> u32 {
+    if config().is_none() {
+        return 0;
+    }
     // SAFETY: only tested for presence.
     if unsafe { TARGET_SOCKS.get(sk) }.is_some() {
         emit(now(), 0, kind::DATA_READY, 0, [sk, 0, 0]);
@@ -111,6 +114,9 @@ pub fn kprobe_sock_def_readable(ctx: ProbeContext) -> u32 {
 
 #[tracepoint]
 pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
+    if config().is_none() {
+        return 0;
+    }
     let newstate: i32 = field(&ctx, SET_STATE_NEWSTATE);
     let protocol: u16 = field(&ctx, SET_STATE_PROTOCOL);
     if protocol != IPPROTO_TCP {

@@ -61,6 +61,8 @@ pub struct Options {
     pub phases: bool,
     /// Groups left unattached, to measure what the others cost. The split needs every group.
     pub skip: Vec<Group>,
+    /// Attach, but let every program return at once: what the hooks cost on their own.
+    pub empty_programs: bool,
 }
 
 impl Options {
@@ -68,6 +70,11 @@ impl Options {
     /// reader that sleeps between timed drains still has three quarters of headroom.
     pub fn wakeup_bytes(&self) -> u64 {
         u64::from(self.ring_bytes) / 4
+    }
+
+    /// Whether the session only measures cost: its requests cannot rebuild.
+    pub fn cost_only(&self) -> bool {
+        !self.skip.is_empty() || self.empty_programs
     }
 
     /// The mode's name, for the startup line, breakdown.json and the session README.
@@ -82,6 +89,9 @@ impl Options {
         mode.push(format!("sample-hz={}", self.sample_hz));
         for group in &self.skip {
             mode.push(format!("without {}", group.name()));
+        }
+        if self.empty_programs {
+            mode.push("empty programs".to_owned());
         }
         mode.join(" + ")
     }
@@ -135,9 +145,16 @@ impl Session {
             .load(OBJECT)
             .context("loading the eBPF object")?;
 
+        let mut flags = 0;
+        if options.offcpu_stacks {
+            flags |= Config::OFFCPU_STACKS;
+        }
+        if options.empty_programs {
+            flags |= Config::EMPTY_PROGRAMS;
+        }
         let config = Config {
             tgid: target.pid.get(),
-            offcpu_stacks: u32::from(options.offcpu_stacks),
+            flags,
             wakeup_bytes: options.wakeup_bytes(),
         };
         Array::<_, Config>::try_from(map(&mut ebpf, "CONFIG")?)?.set(0, config, 0)?;

@@ -573,7 +573,20 @@ fn floor(md: &mut String, v: &Value) -> std::fmt::Result {
         f(&v["max_rate"]["ratio_tracepoints_only_untraced"]),
         f(&sites["cpu_ratio"]),
         added(sites),
-    )
+    )?;
+    if let Some(empty) = row("hooks only") {
+        writeln!(
+            md,
+            "- With every hook of the lean set attached and every program returning at once \
+             (`--empty-programs`), the gateway pays ×{:.3} CPU per request (+{:.1} µs): the \
+             uprobe traps and the tracepoint dispatch alone, before any program work. The rest \
+             of the lean row's +{:.1} µs is what the programs do.",
+            f(&empty["cpu_ratio"]),
+            added(empty),
+            row("lean").map_or(f64::NAN, added),
+        )?;
+    }
+    Ok(())
 }
 
 /// A few sentences computed from the figures: what holds, what misses, and what the CPU
