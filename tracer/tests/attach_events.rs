@@ -25,20 +25,11 @@ fn every_event_kind_arrives_and_detach_is_clean() {
     // Killed when done: long enough for a slow (emulated) machine to calibrate and attach.
     let mut fixture = spawn_fixture(&me, 600.0);
     let out = tempfile::tempdir().unwrap();
-    let pid = fixture.id().to_string();
-    let attach = attach_choice();
-    let output = run_tracer(&[
-        "record",
-        "--pid",
-        &pid,
-        "--duration",
-        "3",
-        "--out",
-        out.path().to_str().unwrap(),
-        "--offcpu-stacks",
-        "--attach",
-        &attach,
-    ]);
+    let output = run_tracer(&record_args(
+        fixture.id(),
+        out.path(),
+        &["--duration", "3", "--offcpu-stacks"],
+    ));
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     fixture.kill().unwrap();
     fixture.wait().unwrap();
@@ -89,17 +80,7 @@ fn stops_when_the_target_exits() {
     let mut fixture = spawn_fixture(&me, 600.0);
     let out = tempfile::tempdir().unwrap();
     let pid = fixture.id().to_string();
-    let attach = attach_choice();
-    let tracer = Background::spawn(&[
-        "record",
-        "--pid",
-        &pid,
-        "--out",
-        out.path().to_str().unwrap(),
-        "--attach",
-        &attach,
-        "--no-calibrate",
-    ]);
+    let tracer = Background::spawn(&record_args(fixture.id(), out.path(), &["--no-calibrate"]));
     tracer.wait_ready(Duration::from_secs(120));
     std::thread::sleep(Duration::from_millis(500));
     fixture.kill().unwrap();
@@ -131,17 +112,7 @@ fn sigint_detaches() {
     // Killed when done: long enough for a slow (emulated) machine to calibrate and attach.
     let mut fixture = spawn_fixture(&me, 600.0);
     let out = tempfile::tempdir().unwrap();
-    let pid = fixture.id().to_string();
-    let attach = attach_choice();
-    let tracer = Background::spawn(&[
-        "record",
-        "--pid",
-        &pid,
-        "--out",
-        out.path().to_str().unwrap(),
-        "--attach",
-        &attach,
-    ]);
+    let tracer = Background::spawn(&record_args(fixture.id(), out.path(), &[]));
     tracer.wait_ready(Duration::from_secs(120));
     // SAFETY: signalling our own child.
     unsafe { libc::kill(tracer.child.id() as i32, libc::SIGINT) };
@@ -164,21 +135,11 @@ fn empty_programs_attach_every_hook_and_record_nothing() {
     let me = std::env::current_exe().unwrap();
     let mut fixture = spawn_fixture(&me, 600.0);
     let out = tempfile::tempdir().unwrap();
-    let pid = fixture.id().to_string();
-    let attach = attach_choice();
-    let output = run_tracer(&[
-        "record",
-        "--pid",
-        &pid,
-        "--duration",
-        "2",
-        "--out",
-        out.path().to_str().unwrap(),
-        "--attach",
-        &attach,
-        "--no-calibrate",
-        "--empty-programs",
-    ]);
+    let output = run_tracer(&record_args(
+        fixture.id(),
+        out.path(),
+        &["--duration", "2", "--no-calibrate", "--empty-programs"],
+    ));
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     fixture.kill().unwrap();
     fixture.wait().unwrap();

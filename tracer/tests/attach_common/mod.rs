@@ -12,6 +12,7 @@
 )]
 
 use std::{
+    ffi::OsStr,
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{TcpListener, TcpStream},
     os::fd::AsRawFd as _,
@@ -46,11 +47,23 @@ pub fn tracer() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tracer"))
 }
 
-pub fn run_tracer(args: &[&str]) -> Output {
+pub fn run_tracer<S: AsRef<OsStr>>(args: &[S]) -> Output {
     tracer()
         .args(args)
         .output()
         .expect("running the tracer binary")
+}
+
+/// `tracer record` of `pid` into `out`, attached as [`attach_choice`] says, then `extra`.
+pub fn record_args(pid: u32, out: &Path, extra: &[&str]) -> Vec<String> {
+    let pid = pid.to_string();
+    let out = out.to_str().expect("a UTF-8 temporary path");
+    let attach = attach_choice();
+    ["record", "--pid", &pid, "--out", out, "--attach", &attach]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The fixture's workload, for `secs` seconds: a client thread opens a new loopback connection
@@ -165,7 +178,7 @@ pub struct Background {
 }
 
 impl Background {
-    pub fn spawn(args: &[&str]) -> Background {
+    pub fn spawn<S: AsRef<OsStr>>(args: &[S]) -> Background {
         let mut child = tracer()
             .args(args)
             .stdout(Stdio::null())
