@@ -160,8 +160,9 @@ impl Proc {
         } else {
             command.stdout(log_file);
         }
-        // SAFETY: prctl is async-signal-safe; the closure touches no memory of the parent.
-        // taskset execs the program in the same process, which keeps the death signal.
+        // SAFETY: prctl and signal are async-signal-safe; the closure touches no memory of the
+        // parent. taskset execs the program in the same process, which keeps the death signal
+        // and the dispositions.
         unsafe {
             command.pre_exec(|| {
                 if libc::prctl(
@@ -173,6 +174,14 @@ impl Proc {
                 ) != 0
                 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // Children are stopped with SIGINT / SIGTERM. An xtask started in the
+                // background (`cmd &`, nohup) inherits both ignored and would pass that on: a
+                // child that does not install its own handler could then not be stopped.
+                for signal in [libc::SIGINT, libc::SIGTERM] {
+                    if libc::signal(signal, libc::SIG_DFL) == libc::SIG_ERR {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
