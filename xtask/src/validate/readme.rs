@@ -236,7 +236,7 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
         "\nCPU 0 busy counts every process on CPU 0, the gateway's share only the gateway: the \
          difference is other work on the machine.\n"
     )?;
-    writeln!(md, "Target: ratio ≤ 1.10 at p50 and p99 (stretch 1.03).")?;
+    write!(md, "Target: ratio ≤ 1.10 at p50 and p99 (stretch 1.03). ")?;
     match v["max_rate"]["searches"].as_array() {
         Some(searches) => {
             let list = |key: &str| {
@@ -248,7 +248,7 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
             };
             writeln!(
                 md,
-                "Max throughput (closed-loop search), untraced then traced in {} rounds: \
+                "Max throughput (closed-loop searches), untraced then traced in {} rounds: \
                  untraced {} req/s, traced {} req/s; ratio of medians **{}** (per round {}). \
                  The untraced search that set the load read {} req/s.\n",
                 searches.len(),
@@ -410,8 +410,9 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
              since the stats' clock reads would add to the A/B's CPU, and the tracer \
              process's CPU over the traced windows' load (median; `--wait-for` costs only \
              there). The \
-             floor rows leave a group unattached (`tracer record --skip`): they measure cost \
-             only, their requests do not rebuild, so they have no hits.\n",
+             floor rows leave a group unattached (`tracer record --skip`) or attach every hook \
+             with programs that return at once (`--empty-programs`): they measure cost only, \
+             their requests do not rebuild, so they have no hits.\n",
             num(&v["settings"]["mode_window_s"], 0),
         )?;
         writeln!(
