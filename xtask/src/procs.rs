@@ -176,8 +176,9 @@ impl Proc {
                     return Err(std::io::Error::last_os_error());
                 }
                 // Children are stopped with SIGINT / SIGTERM. An xtask started in the
-                // background (`cmd &`, nohup) inherits both ignored and would pass that on: a
-                // child that does not install its own handler could then not be stopped.
+                // background (`cmd &`) inherits SIGINT ignored, a launcher may ignore SIGTERM,
+                // and exec passes that on: a child without its own handler could not be
+                // stopped.
                 for signal in [libc::SIGINT, libc::SIGTERM] {
                     if libc::signal(signal, libc::SIG_DFL) == libc::SIG_ERR {
                         return Err(std::io::Error::last_os_error());
