@@ -190,7 +190,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
             "tracer: --empty-programs: the hooks are attached but their programs return at once; \
              this session measures cost only and records nothing"
         );
-    } else if options.cost_only() {
+    } else if !options.skip.is_empty() {
         eprintln!("tracer: --skip: this session measures cost only; its requests will not rebuild");
     }
     for mode in &session.modes {

@@ -72,11 +72,6 @@ impl Options {
         u64::from(self.ring_bytes) / 4
     }
 
-    /// Whether the session only measures cost: its requests cannot rebuild.
-    pub fn cost_only(&self) -> bool {
-        !self.skip.is_empty() || self.empty_programs
-    }
-
     /// The mode's name, for the startup line, breakdown.json and the session README.
     pub fn mode(&self) -> String {
         let mut mode = vec!["lean".to_owned()];
