@@ -401,9 +401,11 @@ const EMPTY_PROGRAMS: (&str, &[&str]) =
 /// The lean set without its uprobes: what the kernel events alone cost.
 const SKIP_SITES: (&str, &[&str]) = ("tracepoints only (floor)", &["--skip", "sites"]);
 
-/// Whether a mode's flags make it a cost-only floor row.
+/// Whether a mode's flags make it a cost-only floor row: a group left off, or empty programs.
 fn is_floor(flags: &[&str]) -> bool {
-    flags.contains(&"--skip") || flags == EMPTY_PROGRAMS.1
+    flags
+        .iter()
+        .any(|flag| matches!(*flag, "--skip" | "--empty-programs"))
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
