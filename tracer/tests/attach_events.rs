@@ -22,18 +22,7 @@ fn every_event_kind_arrives_and_detach_is_clean() {
         return;
     }
     let me = std::env::current_exe().unwrap();
-    // Killed when done: long enough for a slow (emulated) machine to calibrate and attach.
-    let mut fixture = spawn_fixture(&me, 600.0);
-    let out = tempfile::tempdir().unwrap();
-    let output = run_tracer(&record_args(
-        fixture.id(),
-        out.path(),
-        &["--duration", "3", "--offcpu-stacks"],
-    ));
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    fixture.kill().unwrap();
-    fixture.wait().unwrap();
-    assert!(output.status.success(), "tracer failed:\n{stderr}");
+    let stderr = record_fixture(&me, &["--duration", "3", "--offcpu-stacks"]);
     eprintln!("{stderr}");
 
     let (syscalls, sockets) = expected_kinds();
@@ -133,17 +122,10 @@ fn empty_programs_attach_every_hook_and_record_nothing() {
         return;
     }
     let me = std::env::current_exe().unwrap();
-    let mut fixture = spawn_fixture(&me, 600.0);
-    let out = tempfile::tempdir().unwrap();
-    let output = run_tracer(&record_args(
-        fixture.id(),
-        out.path(),
+    let stderr = record_fixture(
+        &me,
         &["--duration", "2", "--no-calibrate", "--empty-programs"],
-    ));
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    fixture.kill().unwrap();
-    fixture.wait().unwrap();
-    assert!(output.status.success(), "tracer failed:\n{stderr}");
+    );
     assert!(stderr.contains("+ empty programs"), "{stderr}");
     for group in ["sched", "syscalls", "sockets", "sites", "samples"] {
         assert!(

@@ -153,6 +153,21 @@ pub fn spawn_fixture(test_binary: &Path, secs: f64) -> Child {
     child
 }
 
+/// Records a fresh fixture (the test binary `me`) with [`record_args`] and `extra`, which
+/// must end the session (`--duration`), then stops the fixture. Panics with the tracer's
+/// output unless it succeeded; returns that output (stderr).
+pub fn record_fixture(me: &Path, extra: &[&str]) -> String {
+    // Killed when done: long enough for a slow (emulated) machine to calibrate and attach.
+    let mut fixture = spawn_fixture(me, 600.0);
+    let out = tempfile::tempdir().unwrap();
+    let output = run_tracer(&record_args(fixture.id(), out.path(), extra));
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    fixture.kill().unwrap();
+    fixture.wait().unwrap();
+    assert!(output.status.success(), "tracer failed:\n{stderr}");
+    stderr
+}
+
 /// `TRACER_ATTACH`, the `--attach` value a test passes on (`cargo xtask vmtest` runs the tests
 /// once per mode); `auto` when unset.
 pub fn attach_choice() -> String {
