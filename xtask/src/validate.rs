@@ -10,7 +10,8 @@
 //!    then each other mode's cost, and the floor rows, in shorter A/Bs;
 //! 4. max throughput traced, each search right after an untraced one (two rounds), and with
 //!    the tracepoints alone;
-//! 5. loss at 100% and 150% of the traced max, and a forced-loss run with the smallest ring;
+//! 5. loss at 100% and 150% of the traced max, each after the same load untraced, and a
+//!    forced-loss run with the smallest ring;
 //! 6. a soak at `load` × max, sampling the tracer's RSS and CPU.
 //!
 //! Writes `profiles/validation-<date>/validation.json` and `README.md`.
@@ -680,7 +681,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // At the traced max: a load the traced gateway really carries, so the rate achieved says
     // whether the tracer kept up, not whether the gateway did.
     eprintln!(
-        "xtask: [5/6] loss at 100% and 150% of the traced max, and with a {} MiB ring",
+        "xtask: [5/6] loss at 100% and 150% of the traced max (each after the same load \
+         untraced), and with a {} MiB ring",
         args.forced_ring_mib
     );
     let mut loss_runs = Vec::new();
@@ -695,6 +697,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ),
     ];
     for (name, loss_rate, extra) in loss_plan {
+        // The same open loop untraced just before, at the rates above the untraced load: what
+        // loadgen and the gateway achieve there without the tracer (loadgen's dispatcher
+        // shares CPU 1 with mock-upstream, and its per-request timer is its largest cost).
+        let untraced = if extra.is_empty() {
+            let load = bench.open_loop(loss_rate, loss_s, &[])?;
+            json!({"achieved_rate": load["achieved_rate"], "p99_us": latency(&load, "p99")})
+        } else {
+            Value::Null
+        };
         let traced = bench.attach(name, &extra)?;
         let client_csv = work.path().join(format!("{name}-client.csv"));
         // The forced-loss run stops the tracer's reader for a while: the kernel keeps
@@ -735,6 +746,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "tracer_stopped_s": if extra.is_empty() { Value::Null } else { json!(args.forced_stall) },
             "loadgen": {"ok": load["ok"], "errors": load["errors"], "achieved_rate": load["achieved_rate"],
                         "p99_us": latency(&load, "p99")},
+            "untraced": untraced,
             "events_per_s": breakdown["tracer"]["events"].as_f64().unwrap_or(f64::NAN)
                 / breakdown["duration_s"].as_f64().unwrap_or(f64::NAN),
             "lost_events": breakdown["lost_events"],

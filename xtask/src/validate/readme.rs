@@ -451,14 +451,15 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
     writeln!(md, "## 4. Loss\n")?;
     writeln!(
         md,
-        "| run | rate req/s | ring MiB | 2xx | events lost | complete | incomplete | 2xx never seen by the tracer | negative gaps | complete across a loss span |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| run | rate req/s | achieved req/s traced (untraced) | ring MiB | 2xx | events lost | complete | incomplete | 2xx never seen by the tracer | negative gaps | complete across a loss span |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )?;
     for r in v["loss"].as_array().into_iter().flatten() {
         writeln!(
             md,
-            "| {} | {} | {} | {} | **{}** | {} | **{}** | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | **{}** | {} | **{}** | {} | {} | {} |",
             r["name"].as_str().unwrap_or("?"),
             num(&r["rate"], 0),
+            achieved_short(r),
             r["ring_mib"]
                 .as_u64()
                 .map_or("default".to_owned(), |n| n.to_string()),
@@ -481,7 +482,9 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
          percentile; none is attributed from partial events. A request all of whose events fell \
          in a loss span is not known to the tracer at all: it is among the lost events, and \
          shows only as a 2xx the tracer never saw. The forced-loss run stops the tracer's reader \
-         (SIGSTOP) for {} s with a {} MiB ring.\n",
+         (SIGSTOP) for {} s with a {} MiB ring. The runs at the traced max each follow the same \
+         open loop untraced (in brackets): what loadgen and the gateway achieve at that rate \
+         without the tracer.\n",
         num(&s["forced_stall_s"], 1),
         int(&s["forced_ring_mib"])
     )?;
@@ -557,6 +560,35 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
 }
 
 /// 2xx responses neither complete nor listed incomplete by the tracer.
+/// A loss run's achieved rate, and the same open loop's untraced, in brackets.
+fn achieved_short(run: &Value) -> String {
+    let traced = int(&run["loadgen"]["achieved_rate"]);
+    match run["untraced"]["achieved_rate"].as_f64() {
+        Some(_) => format!("{traced} ({})", int(&run["untraced"]["achieved_rate"])),
+        None => traced,
+    }
+}
+
+/// A loss run's achieved rate as a share of the traced max, beside the untraced open loop's.
+fn achieved(run: &Value) -> String {
+    let traced_max = f(&run["rate"]) / f(&run["of_traced_max"]);
+    let share = |rate: &Value| {
+        format!(
+            "{} req/s, {:.0}% of the traced max",
+            int(rate),
+            100.0 * f(rate) / traced_max
+        )
+    };
+    let traced = share(&run["loadgen"]["achieved_rate"]);
+    if run["untraced"].is_null() || !traced_max.is_finite() {
+        return format!("{} req/s", int(&run["loadgen"]["achieved_rate"]));
+    }
+    format!(
+        "{traced} (the same open loop untraced: {})",
+        share(&run["untraced"]["achieved_rate"])
+    )
+}
+
 fn never_seen(join: &Value) -> String {
     let listed: u64 = join["client_only_incomplete"]
         .as_object()
@@ -684,11 +716,11 @@ fn reading(md: &mut String, v: &Value) -> std::fmt::Result {
     for r in v["loss"].as_array().into_iter().flatten() {
         writeln!(
             md,
-            "- Loss, {}: asked {} req/s, achieved {} req/s, {} events/s; {} events lost, {} \
+            "- Loss, {}: asked {} req/s, achieved {}, {} events/s; {} events lost, {} \
              requests incomplete, {} complete requests across a loss span.",
             r["name"].as_str().unwrap_or("?"),
             int(&r["rate"]),
-            int(&r["loadgen"]["achieved_rate"]),
+            achieved(r),
             int(&r["events_per_s"]),
             int(&r["lost_events"]),
             int(&r["incomplete"]),
@@ -785,5 +817,35 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("The rest of the lean row's +10.0 µs"), "{md}");
+    }
+
+    #[test]
+    fn loss_runs_at_the_traced_max_beside_the_same_load_untraced() {
+        let run = |name: &str, rate: f64, share: f64, achieved: f64, untraced: Value| {
+            serde_json::json!({
+                "name": name, "rate": rate, "of_traced_max": share,
+                "loadgen": {"achieved_rate": achieved}, "untraced": untraced,
+                "lost_events": 0, "incomplete": 0, "complete_crossing_loss": 0,
+            })
+        };
+        let v = serde_json::json!({"loss": [
+            run("load-100pct", 10000.0, 1.0, 6000.0, serde_json::json!({"achieved_rate": 6500.0})),
+            run("forced-loss", 2500.0, 0.25, 2490.0, Value::Null),
+        ]});
+        let mut md = String::new();
+        render(&mut md, &v).unwrap();
+        assert!(
+            md.contains(
+                "- Loss, load-100pct: asked 10000 req/s, achieved 6000 req/s, 60% of the traced \
+                 max (the same open loop untraced: 6500 req/s, 65% of the traced max),"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("| load-100pct | 10000 | 6000 (6500) |"), "{md}");
+        assert!(
+            md.contains("- Loss, forced-loss: asked 2500 req/s, achieved 2490 req/s,"),
+            "{md}"
+        );
+        assert!(md.contains("| forced-loss | 2500 | 2490 |"), "{md}");
     }
 }
