@@ -131,8 +131,8 @@ pub fn execute(args: &Args) -> anyhow::Result<Report> {
     let ids = Arc::new(IdSource::starting_at(first_id));
     let timeout = Duration::from_millis(args.timeout_ms);
     let warmup = Duration::from_secs_f64(args.warmup);
-    // One thread: loadgen is pinned to one CPU, and a second runtime thread would only
-    // compete with the first (the open-loop dispatcher is a thread of its own).
+    // One thread: loadgen is pinned to one CPU, and a second thread would only compete with
+    // the first (the open loop's send times are a timerfd in this runtime's reactor).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -2,7 +2,8 @@
 //! what counts.
 //!
 //! Open loop: request `i` is scheduled at `t0 + i / rate`, fixed before the run starts. A
-//! dispatcher thread releases each index at its scheduled time; a free connection takes it
+//! task on the runtime's own thread releases each index at its scheduled time (a timerfd
+//! deadline, to the µs; every index already due goes out at once); a free connection takes it
 //! at once, or later if every connection is busy. Latency is taken from the scheduled time, so
 //! a stalled server is charged for the requests it kept waiting (no coordinated omission).
 //!
@@ -16,7 +17,7 @@ use anyhow::{Context as _, ensure};
 use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinSet;
 
-use crate::clock::{monotonic_ns, sleep_until_ns, tighten_timer_slack};
+use crate::clock::{Deadline, monotonic_ns};
 use crate::conn::{Conn, Exchange, Outcome};
 use crate::progress::Progress;
 use crate::target::Target;
@@ -153,18 +154,23 @@ async fn open_loop(
     let give_up_ns = last_scheduled_ns + OPEN_LOOP_DRAIN.as_nanos() as u64;
 
     let (release, released) = mpsc::unbounded_channel::<u64>();
-    let dispatcher = std::thread::Builder::new()
-        .name("loadgen-dispatch".into())
-        .spawn(move || {
-            tighten_timer_slack();
-            for index in 0..count {
-                sleep_until_ns(schedule.at(index));
-                if release.send(index).is_err() {
-                    return; // every worker gave up
+    let deadline = Deadline::new().context("creating the open loop's timerfd")?;
+    // Ends when every index is released (dropping `release` tells the connections) or when
+    // every connection has given up.
+    let dispatcher = tokio::spawn(async move {
+        let mut next = 0;
+        while next < count {
+            deadline.until(schedule.at(next)).await?;
+            let now = monotonic_ns();
+            while next < count && schedule.at(next) <= now {
+                if release.send(next).is_err() {
+                    return Ok(());
                 }
+                next += 1;
             }
-        })
-        .context("starting the dispatcher thread")?;
+        }
+        Ok::<_, std::io::Error>(())
+    });
 
     let released = Arc::new(Mutex::new(released));
     let mut workers = JoinSet::new();
@@ -200,8 +206,9 @@ async fn open_loop(
     }
     drop(released);
     dispatcher
-        .join()
-        .map_err(|_| anyhow::anyhow!("the dispatcher thread panicked"))?;
+        .await
+        .context("the dispatcher task panicked")?
+        .context("waiting for a scheduled send time")?;
     records.sort_unstable_by_key(|r| r.id);
     let unsent = count - records.len() as u64;
     Ok(RunOutput {

@@ -697,9 +697,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ),
     ];
     for (name, loss_rate, extra) in loss_plan {
-        // The same open loop untraced just before, at the rates above the untraced load: what
-        // loadgen and the gateway achieve there without the tracer (loadgen's dispatcher
-        // shares CPU 1 with mock-upstream, and its per-request timer is its largest cost).
+        // The same open loop untraced just before: what loadgen and the gateway achieve at
+        // that rate without the tracer (loadgen shares CPU 1 with mock-upstream and the tracer).
         let untraced = if extra.is_empty() {
             let load = bench.open_loop(loss_rate, loss_s, &[])?;
             json!({"achieved_rate": load["achieved_rate"], "p99_us": latency(&load, "p99")})
