@@ -559,19 +559,27 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
     Ok(())
 }
 
-/// 2xx responses neither complete nor listed incomplete by the tracer.
 /// A loss run's achieved rate, and the same open loop's untraced, in brackets.
 fn achieved_short(run: &Value) -> String {
     let traced = int(&run["loadgen"]["achieved_rate"]);
-    match run["untraced"]["achieved_rate"].as_f64() {
-        Some(_) => format!("{traced} ({})", int(&run["untraced"]["achieved_rate"])),
-        None => traced,
+    let untraced = &run["untraced"]["achieved_rate"];
+    if untraced.is_number() {
+        format!("{traced} ({})", int(untraced))
+    } else {
+        traced
     }
 }
 
 /// A loss run's achieved rate as a share of the traced max, beside the untraced open loop's.
 fn achieved(run: &Value) -> String {
+    let (traced, untraced) = (
+        &run["loadgen"]["achieved_rate"],
+        &run["untraced"]["achieved_rate"],
+    );
     let traced_max = f(&run["rate"]) / f(&run["of_traced_max"]);
+    if !untraced.is_number() || !traced_max.is_finite() {
+        return format!("{} req/s", int(traced));
+    }
     let share = |rate: &Value| {
         format!(
             "{} req/s, {:.0}% of the traced max",
@@ -579,16 +587,14 @@ fn achieved(run: &Value) -> String {
             100.0 * f(rate) / traced_max
         )
     };
-    let traced = share(&run["loadgen"]["achieved_rate"]);
-    if run["untraced"].is_null() || !traced_max.is_finite() {
-        return format!("{} req/s", int(&run["loadgen"]["achieved_rate"]));
-    }
     format!(
-        "{traced} (the same open loop untraced: {})",
-        share(&run["untraced"]["achieved_rate"])
+        "{} (the same open loop untraced: {})",
+        share(traced),
+        share(untraced)
     )
 }
 
+/// 2xx responses neither complete nor listed incomplete by the tracer.
 fn never_seen(join: &Value) -> String {
     let listed: u64 = join["client_only_incomplete"]
         .as_object()
