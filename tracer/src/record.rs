@@ -206,6 +206,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let drops = session.take_drops()?;
     let mut meta = SessionMeta {
         pid: args.pid,
+        record_args: std::env::args().collect(),
         ..SessionMeta::default()
     };
     for mode in &session.modes {

@@ -57,7 +57,7 @@ fn session() -> Vec<Outcome> {
             slices: Vec::new(),
             samples: Vec::new(),
             offcpu: Vec::new(),
-            waits: Vec::new(),
+            waits: None,
             hits: Hits {
                 sites: 22,
                 syscalls: 4,
@@ -101,6 +101,9 @@ fn golden(name: &str, actual: &str) {
 fn run(dir: &Path) -> tracer::report::Summary {
     let meta = SessionMeta {
         pid: 4242,
+        record_args: ["tracer", "record", "--pid", "4242", "--out", "golden"]
+            .map(str::to_owned)
+            .to_vec(),
         attach_modes: BTreeMap::from([
             ("sched_switch".to_owned(), "tp_btf".to_owned()),
             ("sys_exit_write".to_owned(), "tracepoint".to_owned()),

@@ -23,6 +23,8 @@ pub use bands::{Band, Bands};
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SessionMeta {
     pub pid: u32,
+    /// The `tracer` command line exactly as run, so a session says how it was taken.
+    pub record_args: Vec<String>,
     /// Hook name → how it is attached (for example "tracepoint", "tp_btf", "uprobe").
     pub attach_modes: BTreeMap<String, String>,
 }
@@ -214,6 +216,10 @@ fn breakdown(v: &table::View<'_>) -> json::Value {
         .with("samples", Num(h.samples));
     json::Value::obj()
         .with("pid", Int(u64::from(v.meta.pid)))
+        .with(
+            "record_args",
+            json::Value::Arr(v.meta.record_args.iter().cloned().map(Str).collect()),
+        )
         .with("duration_s", Num(v.end.duration_s))
         .with("requests", Int(agg.requests()))
         .with("incomplete", Int(agg.incomplete()))
