@@ -225,11 +225,17 @@ impl Session {
             });
         }
         if options.sample_hz > 0 && options.attaches(Group::Samples) {
-            let cpus = samples::attach(&mut ebpf, options.sample_hz)?;
+            let allowed = target.cpus_allowed()?;
+            let cpus = samples::attach(&mut ebpf, options.sample_hz, &allowed)?;
+            let list: Vec<String> = cpus.iter().map(u32::to_string).collect();
             modes.push(AttachMode {
                 group: "samples",
                 mode: "perf_event",
-                detail: format!("cpu-clock {} Hz on {cpus} CPUs", options.sample_hz),
+                detail: format!(
+                    "cpu-clock {} Hz on CPU {} (the target's affinity at attach)",
+                    options.sample_hz,
+                    list.join(",")
+                ),
             });
         }
         Ok(Session { ebpf, modes })

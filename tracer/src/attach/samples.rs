@@ -1,5 +1,6 @@
-//! Attach `programs/samples.rs`: a cpu-clock perf event per online CPU (all processes, since a
-//! per-pid perf event would follow only one thread); the program keeps the target's samples.
+//! Attach `programs/samples.rs`: a cpu-clock perf event per CPU the target may run on (all
+//! processes, since a per-pid perf event would follow only one thread); the program keeps the
+//! target's samples. A CPU the target cannot run on would only pay for the timer.
 
 use anyhow::Context as _;
 use aya::{
@@ -11,14 +12,23 @@ use aya::{
     util::online_cpus,
 };
 
-/// Returns the number of CPUs sampled.
-pub fn attach(ebpf: &mut Ebpf, hz: u64) -> anyhow::Result<usize> {
+/// Samples the online CPUs among `allowed` (the target's affinity at attach; all online CPUs
+/// if it names none of them). Returns the CPUs sampled.
+pub fn attach(ebpf: &mut Ebpf, hz: u64, allowed: &[u32]) -> anyhow::Result<Vec<u32>> {
     let program: &mut PerfEvent = ebpf
         .program_mut("cpu_sample")
         .context("cpu_sample missing from the eBPF object")?
         .try_into()?;
     program.load().context("loading cpu_sample")?;
-    let cpus = online_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?;
+    let online = online_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?;
+    let mut cpus: Vec<u32> = online
+        .iter()
+        .copied()
+        .filter(|c| allowed.contains(c))
+        .collect();
+    if cpus.is_empty() {
+        cpus = online;
+    }
     for &cpu in &cpus {
         program
             .attach(
@@ -29,5 +39,5 @@ pub fn attach(ebpf: &mut Ebpf, hz: u64) -> anyhow::Result<usize> {
             )
             .with_context(|| format!("perf_event cpu-clock on CPU {cpu}"))?;
     }
-    Ok(cpus.len())
+    Ok(cpus)
 }

@@ -53,6 +53,26 @@ impl Target {
         Ok(tids)
     }
 
+    /// The CPUs any of its threads may run on now (the union of their `Cpus_allowed_list`).
+    pub fn cpus_allowed(&self) -> anyhow::Result<Vec<u32>> {
+        let mut cpus = Vec::new();
+        for tid in self.tids()? {
+            let path = format!("/proc/{}/task/{tid}/status", self.pid);
+            // A thread that exited since the listing has no status left to read.
+            let Ok(status) = fs::read_to_string(&path) else {
+                continue;
+            };
+            let list = status
+                .lines()
+                .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
+                .with_context(|| format!("{path} has no Cpus_allowed_list"))?;
+            cpus.extend(parse_cpu_list(list.trim()).with_context(|| format!("reading {path}"))?);
+        }
+        cpus.sort_unstable();
+        cpus.dedup();
+        Ok(cpus)
+    }
+
     /// Local ports of TCP sockets in LISTEN state that are open in this process.
     pub fn listen_ports(&self) -> anyhow::Result<Vec<u16>> {
         let inodes = socket_inodes(self.pid.get())?;
@@ -70,6 +90,18 @@ impl Target {
         }
         Ok(ports)
     }
+}
+
+/// A kernel CPU list such as `0-3,6`.
+fn parse_cpu_list(text: &str) -> anyhow::Result<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for range in text.split(',').filter(|r| !r.is_empty()) {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        let (first, last): (u32, u32) = (first.parse()?, last.parse()?);
+        anyhow::ensure!(first <= last, "CPU range {range} runs backwards");
+        cpus.extend(first..=last);
+    }
+    Ok(cpus)
 }
 
 /// Probe-site symbols absent from the ELF at `exe`.
@@ -129,6 +161,15 @@ fn listening_sockets(table: &str) -> Vec<(u16, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_parse_ranges_and_singles() {
+        assert_eq!(parse_cpu_list("0").unwrap(), vec![0]);
+        assert_eq!(parse_cpu_list("0-2,5").unwrap(), vec![0, 1, 2, 5]);
+        for bad in ["x", "3-1", "1-"] {
+            assert!(parse_cpu_list(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn finds_listening_rows_only() {
