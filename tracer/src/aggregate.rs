@@ -228,7 +228,7 @@ mod tests {
             slices: Vec::new(),
             samples: Vec::new(),
             offcpu: Vec::new(),
-            waits: Vec::new(),
+            waits: None,
             hits: Hits {
                 sites: 10,
                 syscalls: id as u32,

@@ -351,7 +351,7 @@ mod tests {
                 .collect(),
             samples: vec![],
             offcpu: vec![],
-            waits: vec![],
+            waits: None,
         }
     }
 

@@ -111,7 +111,7 @@ fn record(i: u64) -> RequestRecord {
                 part: Part::Scheduling,
             },
         ],
-        waits: vec![
+        waits: Some(vec![
             WaitCharge {
                 part: Part::Scheduling,
                 holder: Holder::Process(HOG),
@@ -128,7 +128,7 @@ fn record(i: u64) -> RequestRecord {
                 kernel_stack: -1,
                 user_stack: TAIL_STACK,
             },
-        ],
+        ]),
         hits: Hits::default(),
     }
 }

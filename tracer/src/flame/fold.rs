@@ -270,7 +270,7 @@ mod tests {
                     part: Part::Scheduling,
                 },
             ],
-            waits: vec![],
+            waits: None,
         }
     }
 

@@ -69,7 +69,8 @@ pub struct FlameSummary {
     pub tail_offcpu_ns: u64,
     /// The tail's wait-for view, when the session had it (`--wait-for`).
     pub wait: Option<WaitSummary>,
-    /// The same over every complete request: what requests wait behind in general.
+    /// The same over the uniform sample of complete requests (`wait::in_uniform_sample`):
+    /// what requests wait behind in general.
     pub wait_all: Option<WaitSummary>,
     pub trace: TraceSummary,
     pub slowest_ids: Vec<u64>,
@@ -143,7 +144,9 @@ impl FlameSession {
             summary.requests += 1;
             summary.all_samples += req.samples.len() as u64;
             all.add_samples(&req);
-            all_wait.add(&req);
+            if crate::requests::wait::in_uniform_sample(req.req_id) {
+                all_wait.add(&req);
+            }
             if bands.is_tail(overhead) {
                 summary.tail_requests += 1;
                 summary.tail_samples += req.samples.len() as u64;

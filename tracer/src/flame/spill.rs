@@ -27,7 +27,7 @@ pub struct SpilledRequest {
     pub slices: Vec<Slice>,
     pub samples: Vec<StackSample>,
     pub offcpu: Vec<OffCpu>,
-    pub waits: Vec<WaitCharge>,
+    pub waits: Option<Vec<WaitCharge>>,
 }
 
 impl SpilledRequest {
@@ -182,8 +182,9 @@ fn encode(r: &RequestRecord, out: &mut Vec<u8>) {
         put_i(out, o.user_stack);
         put_u(out, o.part.index() as u64);
     }
-    put_u(out, r.waits.len() as u64);
-    for w in &r.waits {
+    // 0: not charged; n + 1: n charges.
+    put_u(out, r.waits.as_ref().map_or(0, |w| w.len() as u64 + 1));
+    for w in r.waits.iter().flatten() {
         put_u(out, w.part.index() as u64);
         let (tag, value) = holder_code(w.holder);
         put_u(out, tag);
@@ -273,17 +274,22 @@ fn decode(body: &[u8]) -> Option<SpilledRequest> {
             })
         })
         .collect::<Option<Vec<_>>>()?;
-    let waits = (0..c.count()?)
-        .map(|_| {
-            Some(WaitCharge {
-                part: c.part()?,
-                holder: holder_from(c.u()?, c.u()?)?,
-                ns: c.u()?,
-                kernel_stack: c.i()?,
-                user_stack: c.i()?,
-            })
-        })
-        .collect::<Option<Vec<_>>>()?;
+    let waits = match c.count()? {
+        0 => None,
+        n => Some(
+            (1..n)
+                .map(|_| {
+                    Some(WaitCharge {
+                        part: c.part()?,
+                        holder: holder_from(c.u()?, c.u()?)?,
+                        ns: c.u()?,
+                        kernel_stack: c.i()?,
+                        user_stack: c.i()?,
+                    })
+                })
+                .collect::<Option<Vec<_>>>()?,
+        ),
+    };
     (c.at == body.len()).then_some(SpilledRequest {
         req_id,
         status,
@@ -391,7 +397,7 @@ mod tests {
                 user_stack: -1,
                 part: Part::LedgerFsync,
             }],
-            waits: vec![
+            waits: Some(vec![
                 WaitCharge {
                     part: Part::Scheduling,
                     holder: Holder::Process(4242),
@@ -415,7 +421,7 @@ mod tests {
                     kernel_stack: -1,
                     user_stack: -1,
                 },
-            ],
+            ]),
             hits: Hits::default(),
         }
     }

@@ -63,14 +63,21 @@ pub fn holder_frames(
 pub struct WaitCounts {
     /// (part, holder, kernel stack, user stack) → ns.
     counts: HashMap<(Part, Holder, i64, i64), u64>,
-    /// The tail requests' summed `scheduling` and receipt-wait parts.
+    /// The charged requests' summed `scheduling` and receipt-wait parts.
     scheduling_ns: u64,
     receipt_ns: u64,
+    requests: u64,
+    /// Requests added whose waits were not charged (see `wait::Selection`).
+    uncharged: u64,
 }
 
 /// What the wait tables say, also written to pictures.json (`wait`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WaitSummary {
+    /// Requests whose waits are charged here.
+    pub requests: u64,
+    /// Requests of the set whose waits the tracer did not charge, left out of every figure.
+    pub uncharged_requests: u64,
     pub scheduling_ns: u64,
     pub charged_ns: u64,
     pub unknown_ns: u64,
@@ -82,13 +89,19 @@ pub struct WaitSummary {
 }
 
 impl WaitCounts {
+    /// Adds a request's charges; one with none charged is only counted.
     pub fn add(&mut self, req: &SpilledRequest) {
+        let Some(waits) = &req.waits else {
+            self.uncharged += 1;
+            return;
+        };
+        self.requests += 1;
         self.scheduling_ns += req.part_ns(Part::Scheduling);
         self.receipt_ns += [Part::LedgerFsync, Part::Signing, Part::LedgerOther]
             .iter()
             .map(|&p| req.part_ns(p))
             .sum::<u64>();
-        for w in &req.waits {
+        for w in waits {
             *self
                 .counts
                 .entry((w.part, w.holder, w.kernel_stack, w.user_stack))
@@ -126,6 +139,8 @@ impl WaitCounts {
         let mut holders: BTreeMap<String, u64> = BTreeMap::new();
         let mut receipt: BTreeMap<(String, String), u64> = BTreeMap::new();
         let mut summary = WaitSummary {
+            requests: self.requests,
+            uncharged_requests: self.uncharged,
             scheduling_ns: self.scheduling_ns,
             receipt_ns: self.receipt_ns,
             ..WaitSummary::default()
@@ -158,6 +173,8 @@ impl WaitCounts {
 impl WaitSummary {
     pub fn to_json(&self) -> Value {
         json!({
+            "requests": self.requests,
+            "uncharged_requests": self.uncharged_requests,
             "scheduling_ns": self.scheduling_ns,
             "charged_ns": self.charged_ns,
             "unknown_ns": self.unknown_ns,
@@ -200,12 +217,12 @@ mod tests {
             slices: vec![],
             samples: vec![],
             offcpu: vec![],
-            waits: vec![
+            waits: Some(vec![
                 charge(Part::Scheduling, Holder::Process(42), 60, -1),
                 charge(Part::Scheduling, Holder::Request { phase: None }, 30, 7),
                 charge(Part::Scheduling, Holder::Idle, 10, -1),
                 charge(Part::LedgerOther, Holder::Writer(WriterWork::Other), 7, -1),
-            ],
+            ]),
         };
         let mut counts = WaitCounts::default();
         counts.add(&req);

@@ -55,7 +55,7 @@ use super::record::{Hits, Incomplete, Outcome, Part, RequestRecord, StackSample}
 use super::sockets::Sockets;
 use super::threads::{RunState, SchedEv, Threads};
 use super::timeline::{Piece, Timeline};
-use super::wait::{self, Activity, Sources};
+use super::wait::{self, Activity, Selection, Sources};
 use super::writer::WriterLog;
 
 /// How long (event time) an outcome is held back for a late loss report.
@@ -197,6 +197,7 @@ pub struct Rebuilder {
     wait_for: bool,
     cpus: CpuLog,
     activity: Activity,
+    charged: Selection,
     open: HashMap<u64, OpenRequest>,
     by_client_fd: HashMap<u64, u64>,
     by_upstream_fd: HashMap<u64, u64>,
@@ -226,9 +227,9 @@ impl Rebuilder {
         Self::default()
     }
 
-    /// Also charges each request's waits to what held the CPU (`RequestRecord::waits`): the
-    /// CPU and activity logs kept and each wait cut against them nearly double the tracer's
-    /// own CPU (measured at 25% load); nothing changes in the kernel.
+    /// Also charges requests' waits to what held the CPU (`RequestRecord::waits`): those of
+    /// every tail candidate and of a uniform sample ([`wait::in_uniform_sample`]); the others'
+    /// stay `None`. Nothing changes in the kernel.
     pub fn with_wait_for(mut self) -> Self {
         self.wait_for = true;
         self
@@ -775,7 +776,7 @@ impl Rebuilder {
     }
 
     /// Build the record of a request whose `t_done` is known.
-    fn complete(&self, req: &OpenRequest, t_done: u64) -> Result<RequestRecord, &'static str> {
+    fn complete(&mut self, req: &OpenRequest, t_done: u64) -> Result<RequestRecord, &'static str> {
         let t_arrive = req.t_arrive;
         if self.losses.iter().any(|&s| overlaps(s, t_arrive, t_done)) {
             return Err("events lost");
@@ -839,16 +840,17 @@ impl Rebuilder {
             tl.overlay(up.send.max(t_arrive), a.min(t_done), Part::Upstream, 0);
         }
         let built = tl.build(t_arrive, t_done)?;
-        let waits = if self.wait_for {
+        let overhead_ns = built.parts.iter().sum::<u64>() - built.parts[Part::Upstream.index()];
+        let waits = if self.wait_for && self.charged.wants(req.req_id, overhead_ns) {
             let sources = Sources {
                 cpus: &self.cpus,
                 activity: &self.activity,
                 writer: &self.writer,
                 threads: &self.threads,
             };
-            wait::attribute(&sources, &built.slices, req.begin_tid)
+            Some(wait::attribute(&sources, &built.slices, req.begin_tid))
         } else {
-            Vec::new()
+            None
         };
         Ok(RequestRecord {
             req_id: req.req_id,

@@ -128,8 +128,9 @@ pub struct RequestRecord {
     pub samples: Vec<StackSample>,
     pub offcpu: Vec<OffCpu>,
     /// What held the CPU (or the writer) while it waited: its `scheduling` and receipt parts
-    /// charged to holders (see `wait`).
-    pub waits: Vec<super::WaitCharge>,
+    /// charged to holders (see `wait`); `None` where they were not charged (no `--wait-for`,
+    /// or neither a tail candidate nor in the uniform sample).
+    pub waits: Option<Vec<super::WaitCharge>>,
     /// Probe-site, syscall, socket, sched and sample events that belonged to this request.
     pub hits: Hits,
 }

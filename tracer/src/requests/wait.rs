@@ -173,6 +173,51 @@ impl Activity {
     }
 }
 
+/// Every this many requests, by a hash of the id, is charged whatever its overhead: the
+/// uniform sample `wait_all` is drawn from.
+pub const UNIFORM_EVERY: u64 = 16;
+/// Requests charged before the running threshold is trusted.
+const WARMUP_REQUESTS: u64 = 2000;
+/// The running quantile a request's overhead must reach to be charged as a tail candidate:
+/// well below the p99 that defines the tail at the end, so a drifting distribution still
+/// finds its tail charged (pictures.json counts any tail request that was not).
+const CANDIDATE_QUANTILE: f64 = 0.90;
+
+/// Whether `req_id` is in the uniform sample (a multiplicative hash, so sequential ids spread).
+pub fn in_uniform_sample(req_id: u64) -> bool {
+    (req_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32).is_multiple_of(UNIFORM_EVERY)
+}
+
+/// Which completed requests get their waits charged. Charging every one doubled the tracer's
+/// own CPU at 25% load; the pictures need only the tail's and a uniform sample's.
+pub(crate) struct Selection {
+    overheads: hdrhistogram::Histogram<u64>,
+    threshold_ns: u64,
+}
+
+impl Default for Selection {
+    fn default() -> Self {
+        Selection {
+            // Bounded (1 ns to ~18 min): saturating_record clamps to the bounds, never resizes.
+            overheads: hdrhistogram::Histogram::new_with_bounds(1, 1 << 40, 2)
+                .expect("valid bounds and precision"),
+            threshold_ns: 0,
+        }
+    }
+}
+
+impl Selection {
+    /// Records the request's overhead and says whether to charge its waits.
+    pub(crate) fn wants(&mut self, req_id: u64, overhead_ns: u64) -> bool {
+        self.overheads.saturating_record(overhead_ns);
+        let seen = self.overheads.len();
+        if seen.is_multiple_of(256) {
+            self.threshold_ns = self.overheads.value_at_quantile(CANDIDATE_QUANTILE);
+        }
+        seen <= WARMUP_REQUESTS || overhead_ns >= self.threshold_ns || in_uniform_sample(req_id)
+    }
+}
+
 /// The histories a request's waits are read from.
 pub(crate) struct Sources<'a> {
     pub cpus: &'a CpuLog,
@@ -235,6 +280,37 @@ fn is_receipt(part: Part) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_uniform_sample_takes_one_in_sixteen_of_sequential_ids() {
+        let n = (1..=160_000u64).filter(|&id| in_uniform_sample(id)).count();
+        assert!((9_000..11_000).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn every_request_above_the_running_p90_is_charged_and_few_others() {
+        let mut selection = Selection::default();
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let (mut charged, mut tail_missed) = (0, 0);
+        let total = 100_000u64;
+        let mut overheads = Vec::new();
+        for id in 0..total {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let overhead = 100_000 + rng % 1_000_000;
+            overheads.push(overhead);
+            let wants = selection.wants(id, overhead);
+            charged += u64::from(wants);
+            // The final p99 of a uniform 100..1100 µs is ~1090 µs.
+            if overhead >= 1_090_000 && !wants {
+                tail_missed += 1;
+            }
+        }
+        assert_eq!(tail_missed, 0);
+        // p90 and above, the 1-in-16 sample and the warm-up: about 17% of requests.
+        assert!(charged < total / 5, "{charged} of {total} charged");
+    }
 
     #[test]
     fn work_outside_polls_fills_only_where_nothing_was_polled() {
