@@ -15,6 +15,14 @@ pub struct Placement {
     pub workers: u64,
 }
 
+/// The first CPU of a `taskset -c` list ("0", "0-1", "0,2").
+pub fn first_cpu(list: &str) -> usize {
+    list.split([',', '-'])
+        .next()
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Seconds in (0, 3600].
 pub fn seconds(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {

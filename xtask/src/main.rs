@@ -1,5 +1,6 @@
 //! Developer tasks: `cargo xtask <command>`.
 
+mod ab;
 mod baseline;
 mod bench;
 mod flags;

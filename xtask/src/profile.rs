@@ -1,12 +1,17 @@
-//! `cargo xtask profile`: one whole tail session at a fraction of max load.
+//! `cargo xtask profile`: one whole tail session at a fraction of max load, with its own
+//! probe effect.
 //!
 //! mock-upstream, a demo ledger in a temp dir and the gateway (pinned to its CPUs) are
 //! started; `loadgen --find-max` measures the max rate; a short untraced open-loop warm-up
-//! runs at the target rate; then the tracer attaches (its calibration and attach happen
-//! before any traced load), loadgen runs the measured open loop, and the tracer is stopped
-//! after the last response. The session directory gets the tracer's files (breakdown,
-//! requests, flamegraphs, trace.json), loadgen's summaries and a README.md written from them.
+//! runs at the target rate. Then the probe effect: windows of the same open loop in flipping
+//! pairs, the tracer attached with the session's own flags in the traced ones only
+//! (`probe-effect.json`). Then the session: the tracer attaches (its calibration and attach
+//! happen before any traced load), loadgen runs the measured open loop, and the tracer is
+//! stopped after the last response. The session directory gets the tracer's files
+//! (breakdown, requests, flamegraphs, trace.json), loadgen's summaries and a README.md
+//! written from them.
 
+mod effect;
 mod readme;
 
 use std::fs;
@@ -19,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 
+use crate::ab::{self, Traced};
 use crate::machine::Machine;
 use crate::procs::{
     self, Binaries, TracerProc, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
@@ -33,8 +39,8 @@ const TRACER_FILES: [&str; 12] = [
     "tail-oncpu.svg",
     "all-oncpu.folded",
     "all-oncpu.svg",
-    "tail-offcpu.folded",
-    "tail-offcpu.svg",
+    "tail-wait.folded",
+    "tail-wait.svg",
     "median-oncpu.folded",
     "tail-diff.svg",
     "trace.json",
@@ -76,6 +82,22 @@ pub struct Args {
     /// The tracer's cpu-clock sampling rate.
     #[arg(long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     sample_hz: u64,
+    /// Probe-effect windows per arm (traced, untraced), in flipping pairs before the session.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(2..=100))]
+    ab_windows: u64,
+    /// Seconds of each probe-effect window.
+    #[arg(long, default_value_t = 6.0, value_parser = flags::seconds)]
+    ab_window: f64,
+    /// Also attach the `phase` probe site: exact per-phase on-CPU parts, at ~9 more uprobe
+    /// traps a request (the default mode estimates them from samples).
+    #[arg(long)]
+    phases: bool,
+    /// Also take stacks at every switch-out (tail-offcpu.svg), at a stack walk each.
+    #[arg(long)]
+    offcpu_stacks: bool,
+    /// Also turn on the kernel's BPF run-time statistics (~50 ns a program run).
+    #[arg(long)]
+    bpf_stats: bool,
 }
 
 fn load_fraction(text: &str) -> Result<f64, String> {
@@ -131,8 +153,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let logs = work.path();
 
     let bins = Binaries::build()?;
-    let tracer_bin =
-        procs::cargo_build_release(&["-p", "tracer", "--bin", "tracer"])?.find("tracer")?;
+    let tracer_bins = procs::cargo_build_release(&["-p", "tracer", "--bins"])?;
+    let (tracer_bin, analyses) = (
+        tracer_bins.find("tracer")?,
+        tracer_bins.find("tracer-validate")?,
+    );
     let load_cpus = Some(args.placement.load_cpus.as_str());
 
     let mock = start_mock_upstream(&bins, load_cpus, args.delay_ms, logs)?;
@@ -218,7 +243,47 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Duration::from_secs_f64(args.warmup + 60.0),
     )?;
 
-    let mut tracer = start_tracer(&tracer_bin, &args, gateway.proc.pid(), &out, logs)?;
+    let tracer_flags = tracer_flags(&args);
+    let effect = {
+        let mut arms = EffectArms {
+            tracer: &tracer_bin,
+            flags: &tracer_flags,
+            pid: gateway.proc.pid(),
+            load_cpus: &args.placement.load_cpus,
+            work: work.path(),
+            run: &|seconds: f64, summary: &Path| {
+                loadgen(
+                    &open_loop(seconds, &["--warmup", "0", "--out", &path_arg(summary)]),
+                    Duration::from_secs_f64(seconds + 60.0),
+                )
+            },
+        };
+        eprintln!(
+            "xtask: probe effect, {} traced and {} untraced windows of {} s",
+            args.ab_windows, args.ab_windows, args.ab_window
+        );
+        let windows = ab::windows(
+            &mut arms,
+            gateway.proc.pid(),
+            flags::first_cpu(&args.placement.gateway_cpus),
+            args.ab_windows as usize,
+            args.ab_window,
+        )?;
+        probe_effect(&analyses, &windows, &tracer_flags, &args, work.path())?
+    };
+    fs::write(
+        out.join(readme::PROBE_EFFECT_JSON),
+        serde_json::to_string_pretty(&effect)? + "\n",
+    )?;
+
+    let mut tracer = start_tracer(
+        &tracer_bin,
+        &tracer_flags,
+        &args,
+        gateway.proc.pid(),
+        &out,
+        logs,
+    )?;
     let pinning = vec![
         (
             "gateway".to_owned(),
@@ -329,30 +394,106 @@ fn command_line(args: &Args) -> String {
     line
 }
 
+/// The session's `tracer record` flags beyond `--pid` and `--out`: the probe-effect windows
+/// run the very same ones. The default is the lean set plus what the tail pictures need at
+/// little cost to the gateway: more samples (on the gateway's CPUs only) and the wait-for
+/// view (in the tracer process); the costlier sources only when asked for.
+fn tracer_flags(args: &Args) -> Vec<String> {
+    let mut flags = strings(&["--sample-hz", &args.sample_hz.to_string(), "--wait-for"]);
+    for (on, flag) in [
+        (args.phases, "--phases"),
+        (args.offcpu_stacks, "--offcpu-stacks"),
+        (args.bpf_stats, "--bpf-stats"),
+    ] {
+        if on {
+            flags.push(flag.to_owned());
+        }
+    }
+    flags
+}
+
+/// The probe-effect windows' harness: the session's tracer, the session's open loop.
+struct EffectArms<'a> {
+    tracer: &'a Path,
+    flags: &'a [String],
+    pid: u32,
+    load_cpus: &'a str,
+    work: &'a Path,
+    /// Runs one window of the open loop, its summary written to the path.
+    run: &'a dyn Fn(f64, &Path) -> anyhow::Result<()>,
+}
+
+impl ab::Arms for EffectArms<'_> {
+    fn attach(&mut self, index: usize) -> anyhow::Result<Traced> {
+        let dir = self.work.join(format!("effect-{index}"));
+        fs::create_dir_all(&dir)?;
+        let mut flags = strings(&[
+            "record",
+            "--pid",
+            &self.pid.to_string(),
+            "--out",
+            &path_arg(&dir),
+        ]);
+        flags.extend_from_slice(self.flags);
+        // The session measures the calibration once; the windows skip its loops.
+        flags.push("--no-calibrate".to_owned());
+        let tracer = procs::start_tracer(self.tracer, Some(self.load_cpus), &flags, &dir)?;
+        Ok(Traced { tracer, dir })
+    }
+
+    fn open_loop(&mut self, seconds: f64) -> anyhow::Result<serde_json::Value> {
+        let summary = self.work.join("effect-loadgen.json");
+        let _ = fs::remove_file(&summary);
+        (self.run)(seconds, &summary)?;
+        let text = fs::read_to_string(&summary)
+            .with_context(|| format!("reading {}", summary.display()))?;
+        Ok(serde_json::from_str(&text)?)
+    }
+}
+
+/// probe-effect.json: the windows, and the traced/untraced ratios `tracer-validate ab`
+/// computes from them.
+fn probe_effect(
+    analyses: &Path,
+    windows: &[serde_json::Value],
+    tracer_flags: &[String],
+    args: &Args,
+    work: &Path,
+) -> anyhow::Result<serde_json::Value> {
+    let path = work.join("effect-windows.json");
+    fs::write(&path, serde_json::to_string(windows)?)?;
+    let output = Command::new(analyses)
+        .args(["ab", "--windows"])
+        .arg(&path)
+        .output()
+        .with_context(|| format!("running {}", analyses.display()))?;
+    ensure!(
+        output.status.success(),
+        "tracer-validate ab failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    let comparison: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    Ok(serde_json::json!({
+        "tracer_flags": tracer_flags,
+        "windows_per_arm": args.ab_windows,
+        "window_s": args.ab_window,
+        "comparison": comparison,
+        "windows": windows,
+    }))
+}
+
 /// Starts `tracer record` on the load CPUs and waits until every program is attached.
 fn start_tracer(
     bin: &Path,
+    tracer_flags: &[String],
     args: &Args,
     pid: u32,
     out: &Path,
     logs: &Path,
 ) -> anyhow::Result<TracerProc> {
-    let flags = strings(&[
-        "record",
-        "--pid",
-        &pid.to_string(),
-        "--out",
-        &path_arg(out),
-        "--sample-hz",
-        &args.sample_hz.to_string(),
-        // A session is for reading the tail: per-phase parts, stacks and what the tail waited
-        // behind, at their cost (the README's mode line); `run-tracer` defaults to the lean set.
-        "--offcpu-stacks",
-        "--phases",
-        "--wait-for",
-        // The README's BPF run time (stats add ~50 ns a program run).
-        "--bpf-stats",
-    ]);
+    let mut flags = strings(&["record", "--pid", &pid.to_string(), "--out", &path_arg(out)]);
+    flags.extend_from_slice(tracer_flags);
     eprintln!("xtask: attaching the tracer to pid {pid}");
     procs::start_tracer(bin, Some(&args.placement.load_cpus), &flags, logs)
 }

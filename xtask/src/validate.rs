@@ -28,10 +28,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use serde_json::{Value, json};
 
+use crate::ab::{self, Traced, latency};
 use crate::flags;
 use crate::machine::Machine;
 use crate::procs::{
-    self, Binaries, Gateway, MockUpstream, TracerProc, init_demo_db, run_loadgen, start_gateway,
+    self, Binaries, Gateway, MockUpstream, init_demo_db, run_loadgen, start_gateway,
     start_mock_upstream, start_tracer,
 };
 use crate::procstat;
@@ -134,12 +135,6 @@ struct Bench {
     runs: u64,
 }
 
-/// A tracer attached to the gateway, writing into `dir`.
-struct Traced {
-    tracer: TracerProc,
-    dir: PathBuf,
-}
-
 impl Bench {
     fn loadgen_flags(&self, extra: &[String]) -> Vec<String> {
         let mut all = strings(&["--url", &self.gateway.url, "--key", &self.key]);
@@ -227,6 +222,25 @@ impl Bench {
     }
 }
 
+/// The A/B's view of the bench: the tracer with `extra` flags, the open loop at `rate`.
+struct AbArms<'a> {
+    bench: &'a mut Bench,
+    name: &'a str,
+    extra: &'a [&'a str],
+    rate: f64,
+}
+
+impl ab::Arms for AbArms<'_> {
+    fn attach(&mut self, index: usize) -> anyhow::Result<Traced> {
+        self.bench
+            .attach(&format!("{}-{index}", self.name), self.extra)
+    }
+
+    fn open_loop(&mut self, seconds: f64) -> anyhow::Result<Value> {
+        self.bench.open_loop(self.rate, seconds, &[])
+    }
+}
+
 impl Bench {
     /// `per_arm` traced and `per_arm` untraced windows of `window` s at `rate`, in flipping
     /// pairs (U T T U U T …) so drift falls on both arms; the tracer runs with `extra` flags.
@@ -238,66 +252,14 @@ impl Bench {
         per_arm: usize,
         window: f64,
     ) -> anyhow::Result<Vec<Value>> {
-        let mut windows = Vec::new();
-        for i in 0..2 * per_arm {
-            let traced_arm = i % 4 == 1 || i % 4 == 2;
-            let tracer = if traced_arm {
-                Some(self.attach(&format!("{name}-{i}"), extra)?)
-            } else {
-                None
-            };
-            let tracer_cpu = || {
-                tracer
-                    .as_ref()
-                    .and_then(|t| procstat::cpu_seconds(t.tracer.proc.pid()))
-            };
-            let (cpu_before, cpu0_before, tracer_before) = (
-                procstat::cpu_seconds(self.gateway.proc.pid()),
-                procstat::cpu_times(self.gateway_cpu),
-                tracer_cpu(),
-            );
-            let load = self.open_loop(rate, window, &[]);
-            let (cpu_after, cpu0_after, tracer_after) = (
-                procstat::cpu_seconds(self.gateway.proc.pid()),
-                procstat::cpu_times(self.gateway_cpu),
-                tracer_cpu(),
-            );
-            let breakdown = tracer.map(Traced::stop).transpose()?;
-            let load = load?;
-            let ok = load["ok"].as_f64().unwrap_or(0.0);
-            let cpu_s = cpu_after.zip(cpu_before).map(|(a, b)| a - b);
-            let window = json!({
-                "index": i,
-                "arm": if traced_arm { "traced" } else { "untraced" },
-                "p50_us": latency(&load, "p50"),
-                "p99_us": latency(&load, "p99"),
-                "p999_us": latency(&load, "p999"),
-                "max_us": latency(&load, "max"),
-                "ok": load["ok"],
-                "errors": load["errors"],
-                "achieved_rate": load["achieved_rate"],
-                "gateway_cpu_s": cpu_s,
-                "gateway_cpu_us_per_request": cpu_s.map(|s| s * 1e6 / ok.max(1.0)),
-                "gateway_cpu_share": cpu_s.map(|s| s / window),
-                "cpu0_busy": cpu0_before.zip(cpu0_after).map(|(b, a)| b.busy_share_until(&a)),
-                // The tracer process over the load, attach and final drawing left out.
-                "tracer_cpu_cores": tracer_after.zip(tracer_before).map(|(a, b)| (a - b) / window),
-                "tracer_lost_events": breakdown.as_ref().map(|(b, _)| b["lost_events"].clone()),
-                "tracer_requests": breakdown.as_ref().map(|(b, _)| b["requests"].clone()),
-            "tracer_hits_per_request": breakdown.as_ref().map(|(b, _)| b["hits_per_request"].clone()),
-            });
-            eprintln!(
-                "xtask:   window {i} {}: p50 {:.0} µs p99 {:.0} µs, {:.1} µs CPU/request",
-                window["arm"].as_str().unwrap_or("?"),
-                window["p50_us"].as_f64().unwrap_or(f64::NAN),
-                window["p99_us"].as_f64().unwrap_or(f64::NAN),
-                window["gateway_cpu_us_per_request"]
-                    .as_f64()
-                    .unwrap_or(f64::NAN),
-            );
-            windows.push(window);
-        }
-        Ok(windows)
+        let (pid, cpu) = (self.gateway.proc.pid(), self.gateway_cpu);
+        let mut arms = AbArms {
+            bench: self,
+            name,
+            extra,
+            rate,
+        };
+        ab::windows(&mut arms, pid, cpu, per_arm, window)
     }
 }
 
@@ -327,17 +289,6 @@ fn bpf_ns_per_answered(breakdown: &Value, load: &Value) -> f64 {
         .as_f64()
         .unwrap_or(f64::NAN)
         / load["ok"].as_f64().unwrap_or(f64::NAN)
-}
-
-impl Traced {
-    /// SIGINT, wait for its files, and return its breakdown.json.
-    fn stop(mut self) -> anyhow::Result<(Value, PathBuf)> {
-        self.tracer.stop()?;
-        let path = self.dir.join("breakdown.json");
-        let text =
-            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        Ok((serde_json::from_str(&text)?, self.dir))
-    }
 }
 
 fn strings(items: &[&str]) -> Vec<String> {
@@ -475,18 +426,6 @@ fn mode_cost(
     })
 }
 
-fn latency(loadgen: &Value, key: &str) -> f64 {
-    loadgen["latency_us"][key].as_f64().unwrap_or(f64::NAN)
-}
-
-/// The first CPU of a `taskset -c` list ("0", "0-1", "0,2").
-fn first_cpu(list: &str) -> usize {
-    list.split([',', '-'])
-        .next()
-        .and_then(|c| c.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(dir) = &args.render {
         let path = dir.join("validation.json");
@@ -547,7 +486,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         key,
         work: work.path().to_owned(),
         load_cpus: args.placement.load_cpus.clone(),
-        gateway_cpu: first_cpu(&args.placement.gateway_cpus),
+        gateway_cpu: flags::first_cpu(&args.placement.gateway_cpus),
         runs: 0,
     };
 
@@ -970,7 +909,11 @@ mod tests {
         }
         assert!(flags::seconds("0").is_err() && flags::seconds("300").is_ok());
         assert_eq!(
-            (first_cpu("0"), first_cpu("2-3"), first_cpu("1,3")),
+            (
+                flags::first_cpu("0"),
+                flags::first_cpu("2-3"),
+                flags::first_cpu("1,3")
+            ),
             (0, 2, 1)
         );
     }

@@ -3,20 +3,20 @@
 //! well-formed with gateway frames in them, trace.json with complete events on at least three
 //! tracks, and every folded file re-rendered by inferno.
 //!
-//! Kept short (about 30 s once the release binaries are built): a 0.5 s find-max step, a 1 s
-//! warm-up and a 6 s traced window at 25% of max.
+//! The session's probe effect is checked too: probe-effect.json with its windows, the README's
+//! **Probe effect** line at the top, and breakdown.json naming the tracer's exact arguments.
+//!
+//! Kept short (about 45 s once the release binaries are built): a 0.5 s find-max step, a 1 s
+//! warm-up, two probe-effect windows of 2 s per arm and a 6 s traced window at 25% of max.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-const SVGS: [&str; 4] = [
-    "tail-oncpu.svg",
-    "all-oncpu.svg",
-    "tail-offcpu.svg",
-    "tail-diff.svg",
-];
+/// Pictures with gateway stacks in them. tail-offcpu.svg has stacks only with
+/// `--offcpu-stacks`, which the default session leaves off: it is checked as a file only.
+const SVGS: [&str; 3] = ["tail-oncpu.svg", "all-oncpu.svg", "tail-diff.svg"];
 const FOLDED: [&str; 5] = [
     "tail-oncpu.folded",
     "all-oncpu.folded",
@@ -70,6 +70,10 @@ fn a_short_profile_session_writes_every_file() {
             "1",
             "--find-max-step",
             "0.5",
+            "--ab-windows",
+            "2",
+            "--ab-window",
+            "2",
         ])
         .arg("--out")
         .arg(&out)
@@ -90,6 +94,8 @@ fn check_session(out: &Path) {
         "loadgen.json",
         "trace.json",
         "pictures.json",
+        "probe-effect.json",
+        "tail-offcpu.svg",
     ]
     .iter()
     .chain(&SVGS)
@@ -107,6 +113,29 @@ fn check_session(out: &Path) {
         "requests.csv(.gz) missing"
     );
     let readme = std::fs::read_to_string(out.join("README.md")).unwrap();
+    let first_section = readme.find("\n## ").expect("README.md has sections");
+    assert!(
+        readme[..first_section].contains("**Probe effect** (traced/untraced"),
+        "README.md does not open with the probe effect:\n{}",
+        &readme[..first_section]
+    );
+    let effect: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("probe-effect.json")).unwrap()).unwrap();
+    let windows = effect["windows"]
+        .as_array()
+        .expect("probe-effect.json windows");
+    let arms: Vec<&str> = windows.iter().map(|w| w["arm"].as_str().unwrap()).collect();
+    assert_eq!(arms, ["untraced", "traced", "traced", "untraced"]);
+    for w in windows {
+        assert!(w["p99_us"].as_f64().is_some_and(|p| p > 0.0), "{w}");
+        assert!(
+            w["gateway_cpu_us_per_request"]
+                .as_f64()
+                .is_some_and(|c| c > 0.0),
+            "{w}"
+        );
+    }
+    assert_eq!(effect["comparison"]["pairs"], 2, "{effect}");
     for svg in SVGS.iter().chain(&[WAIT_SVG]) {
         assert!(readme.contains(svg), "README.md does not link {svg}");
     }
@@ -167,4 +196,22 @@ fn check_session(out: &Path) {
     let breakdown: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("breakdown.json")).unwrap()).unwrap();
     assert!(breakdown["requests"].as_u64().unwrap() > 0, "{breakdown}");
+    // The session's tracer ran with the flags the probe-effect windows ran with.
+    let args: Vec<&str> = breakdown["record_args"]
+        .as_array()
+        .expect("breakdown.json record_args")
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args[1..3], ["record", "--pid"], "{args:?}");
+    let flags: Vec<&str> = effect["tracer_flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.windows(flags.len()).any(|w| w == flags.as_slice()),
+        "{args:?} lacks the windows' flags {flags:?}"
+    );
 }

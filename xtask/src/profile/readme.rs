@@ -1,5 +1,6 @@
 //! The session's README.md, written only from the session's own files (breakdown.json,
-//! requests.csv, loadgen.json, pictures.json): every figure in it can be recomputed from them.
+//! requests.csv, loadgen.json, pictures.json, probe-effect.json): every figure in it can be
+//! recomputed from them.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -9,6 +10,10 @@ use anyhow::{Context as _, ensure};
 use serde_json::Value;
 
 use super::SessionFacts;
+use super::effect::ProbeEffect;
+
+/// The session's own A/B windows and their ratios (see `effect`).
+pub const PROBE_EFFECT_JSON: &str = "probe-effect.json";
 
 /// The Phase 0 gate: p99 overhead below 1 ms.
 const GATE_US: f64 = 1_000.0;
@@ -122,13 +127,15 @@ pub fn write(dir: &Path, facts: &SessionFacts) -> anyhow::Result<PathBuf> {
     let breakdown = read_json(dir, "breakdown.json")?;
     let loadgen = read_json(dir, "loadgen.json")?;
     let pictures = read_json(dir, "pictures.json")?;
+    let effect: ProbeEffect = serde_json::from_value(read_json(dir, PROBE_EFFECT_JSON)?)
+        .with_context(|| format!("reading {PROBE_EFFECT_JSON}"))?;
     let csv = fs::read_to_string(dir.join("requests.csv")).context("reading requests.csv")?;
     let overheads = overheads(&csv)?;
     ensure!(
         !overheads.overhead.is_empty(),
         "requests.csv has no complete request"
     );
-    let text = render(facts, &breakdown, &loadgen, &pictures, &overheads);
+    let text = render(facts, &effect, &breakdown, &loadgen, &pictures, &overheads);
     let path = dir.join("README.md");
     fs::write(&path, text)?;
     Ok(path)
@@ -265,6 +272,7 @@ fn cost_and_loss(breakdown: &Value) -> String {
 
 fn render(
     facts: &SessionFacts,
+    effect: &ProbeEffect,
     breakdown: &Value,
     loadgen: &Value,
     pictures: &Value,
@@ -285,8 +293,13 @@ fn render(
     );
     let _ = writeln!(
         w,
-        "computed from breakdown.json, requests.csv.gz, loadgen.json and pictures.json.\n"
+        "computed from breakdown.json, requests.csv.gz, loadgen.json, pictures.json and probe-effect.json.\n"
     );
+    let _ = writeln!(w, "{}\n", effect.line());
+    let warning = effect.warning();
+    if let Some(warning) = &warning {
+        let _ = writeln!(w, "{warning}\n");
+    }
 
     let _ = writeln!(w, "## Settings\n");
     let _ = writeln!(
@@ -322,8 +335,7 @@ fn render(
     );
     let _ = writeln!(
         w,
-        "- tracer mode: {} (per-phase `cpu.<phase>` parts, cpu-clock samples and off-CPU stacks \
-         cost more than the lean default of `run-tracer`; see the validation's cost figures)",
+        "- tracer mode: {}; its effect on the gateway is the **Probe effect** line above (windows under *Probe effect windows*)",
         breakdown["attach_modes"]["mode"]
             .as_str()
             .unwrap_or("unknown")
@@ -338,6 +350,14 @@ fn render(
     for (name, asked, applied) in &facts.pinning {
         let _ = writeln!(w, "| {name} | {asked} | {applied} |");
     }
+
+    let _ = writeln!(
+        w,
+        "\n## Probe effect windows\n\nThe session's open loop at its rate, {} s a window, the tracer attached (`tracer record {}`) in the traced ones only, in flipping pairs (U T T U …) so drift falls on both arms. Latency from the scheduled send (loadgen); CPU from /proc.\n",
+        effect.window_s,
+        effect.tracer_flags.join(" ")
+    );
+    w.push_str(&effect.table());
 
     let _ = writeln!(w, "\n## Breakdown (tracer, breakdown.json)\n");
     let _ = writeln!(
@@ -448,6 +468,7 @@ fn render(
     }
 
     let _ = writeln!(w, "\n## Reading\n");
+    let _ = writeln!(w, "- {}", tail_against_untraced(effect, loadgen));
     if let Some(warning) = &overloaded {
         let _ = writeln!(w, "- {warning}");
     }
@@ -492,10 +513,33 @@ fn render(
     );
     let _ = writeln!(
         w,
-        "- Probe effect and loss: {} lost events, {} incomplete requests (never attributed); the tracer's cost is under *Tracer cost and loss*. The traced/untraced A/B is `cargo xtask validate`'s job.",
+        "- Loss: {} lost events, {} incomplete requests (never attributed); the tracer's own cost is under *Tracer cost and loss*, its effect on the gateway in the **Probe effect** line.",
         breakdown["lost_events"], breakdown["incomplete"]
     );
     md
+}
+
+/// The Reading's first point: the traced tail beside the untraced client tail, and whether
+/// the conclusions after it describe the untraced gateway.
+fn tail_against_untraced(effect: &ProbeEffect, loadgen: &Value) -> String {
+    let m = &effect.comparison.metrics;
+    let us = |x: Option<f64>| x.map_or("–".to_owned(), |x| format!("{x:.0} µs"));
+    let session_p99 = loadgen["latency_us"]["p99"].as_f64();
+    let verdict = match effect.warning() {
+        None => format!(
+            "within the ×{:.2} budget, so the ranking of parts below describes the gateway as it runs untraced",
+            super::effect::BUDGET
+        ),
+        Some(_) => "over budget (see the WARNING at the top): read the parts below as the traced gateway's, and weigh each against the untraced client tail".to_owned(),
+    };
+    format!(
+        "Traced against untraced first: the client's p99 was {} in the untraced windows and {} in the traced ones (medians), p99.9 {} and {}; the session's own traced run read p99 {}. The effect is {verdict}.",
+        us(m.p99_us.untraced.median),
+        us(m.p99_us.traced.median),
+        us(m.p999_us.untraced.median),
+        us(m.p999_us.traced.median),
+        us(session_p99),
+    )
 }
 
 /// Holder rows shown before the rest is summed into one.
@@ -577,6 +621,12 @@ fn wait_tables(wait: &Value, wait_all: &Value, tail_requests: &Value) -> String 
             share(uncovered)
         );
     }
+    if let Some(n) = wait["uncharged_requests"].as_u64().filter(|n| *n > 0) {
+        let _ = writeln!(
+            w,
+            "**{n} tail requests had no waits charged** (the tracer charges a request's waits only when its overhead reaches the running p90, or it is in the uniform sample): they are left out of the figures above."
+        );
+    }
     if let Some(all) = wait_all["holders"].as_array().filter(|h| !h.is_empty()) {
         let total = ns(&wait_all["scheduling_ns"]);
         let top: Vec<String> = all
@@ -592,7 +642,8 @@ fn wait_tables(wait: &Value, wait_all: &Value, tail_requests: &Value) -> String 
             .collect();
         let _ = writeln!(
             w,
-            "Over every complete request ({:.2} ms of scheduling, pictures.json `wait_all`), the largest holders: {}.",
+            "Over a uniform sample of complete requests ({} requests, {:.2} ms of scheduling, pictures.json `wait_all`), the largest holders: {}.",
+            wait_all["requests"],
             total / 1e6,
             top.join(", ")
         );

@@ -1,0 +1,127 @@
+//! Probe effect as an A/B: windows of one open loop at one rate, the tracer attached only in
+//! the traced ones, in flipping pairs (U T T U U T …) so a linear drift of the machine falls
+//! on both arms alike. `validate` and `profile` both measure this way; the ratios are
+//! computed by `tracer-validate ab` from the windows written here.
+
+use std::fs;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use serde_json::{Value, json};
+
+use crate::procs::TracerProc;
+use crate::procstat;
+
+/// A tracer attached for one window, writing into `dir`.
+pub struct Traced {
+    pub tracer: TracerProc,
+    pub dir: PathBuf,
+}
+
+impl Traced {
+    /// SIGINT, wait for its files, and return its breakdown.json.
+    pub fn stop(mut self) -> anyhow::Result<(Value, PathBuf)> {
+        self.tracer.stop()?;
+        let path = self.dir.join("breakdown.json");
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        Ok((serde_json::from_str(&text)?, self.dir))
+    }
+}
+
+/// What a run of windows needs from its harness.
+pub trait Arms {
+    /// Attaches the tracer for window `index`, and returns once its programs are attached.
+    fn attach(&mut self, index: usize) -> anyhow::Result<Traced>;
+    /// One window of the open loop; loadgen's JSON summary.
+    fn open_loop(&mut self, seconds: f64) -> anyhow::Result<Value>;
+}
+
+/// Whether window `index` is traced in the flipping-pairs order U T T U U T T U ….
+pub fn is_traced(index: usize) -> bool {
+    index % 4 == 1 || index % 4 == 2
+}
+
+/// `per_arm` traced and `per_arm` untraced windows of `seconds` each. Each window's figures
+/// come from the client (latency from the scheduled send) and /proc (the gateway's CPU, the
+/// busy share of its CPU `gateway_cpu`, and the tracer's own CPU over the load alone).
+pub fn windows(
+    arms: &mut impl Arms,
+    gateway_pid: u32,
+    gateway_cpu: usize,
+    per_arm: usize,
+    seconds: f64,
+) -> anyhow::Result<Vec<Value>> {
+    let mut windows = Vec::new();
+    for i in 0..2 * per_arm {
+        let traced = is_traced(i);
+        let tracer = if traced { Some(arms.attach(i)?) } else { None };
+        let tracer_cpu = || {
+            tracer
+                .as_ref()
+                .and_then(|t| procstat::cpu_seconds(t.tracer.proc.pid()))
+        };
+        let (cpu_before, cpu0_before, tracer_before) = (
+            procstat::cpu_seconds(gateway_pid),
+            procstat::cpu_times(gateway_cpu),
+            tracer_cpu(),
+        );
+        let load = arms.open_loop(seconds);
+        let (cpu_after, cpu0_after, tracer_after) = (
+            procstat::cpu_seconds(gateway_pid),
+            procstat::cpu_times(gateway_cpu),
+            tracer_cpu(),
+        );
+        let breakdown = tracer.map(Traced::stop).transpose()?;
+        let load = load?;
+        let ok = load["ok"].as_f64().unwrap_or(0.0);
+        let cpu_s = cpu_after.zip(cpu_before).map(|(a, b)| a - b);
+        let window = json!({
+            "index": i,
+            "arm": if traced { "traced" } else { "untraced" },
+            "p50_us": latency(&load, "p50"),
+            "p99_us": latency(&load, "p99"),
+            "p999_us": latency(&load, "p999"),
+            "max_us": latency(&load, "max"),
+            "ok": load["ok"],
+            "errors": load["errors"],
+            "achieved_rate": load["achieved_rate"],
+            "gateway_cpu_s": cpu_s,
+            "gateway_cpu_us_per_request": cpu_s.map(|s| s * 1e6 / ok.max(1.0)),
+            "gateway_cpu_share": cpu_s.map(|s| s / seconds),
+            "cpu0_busy": cpu0_before.zip(cpu0_after).map(|(b, a)| b.busy_share_until(&a)),
+            // The tracer process over the load, attach and final drawing left out.
+            "tracer_cpu_cores": tracer_after.zip(tracer_before).map(|(a, b)| (a - b) / seconds),
+            "tracer_lost_events": breakdown.as_ref().map(|(b, _)| b["lost_events"].clone()),
+            "tracer_requests": breakdown.as_ref().map(|(b, _)| b["requests"].clone()),
+            "tracer_hits_per_request": breakdown.as_ref().map(|(b, _)| b["hits_per_request"].clone()),
+        });
+        eprintln!(
+            "xtask:   window {i} {}: p50 {:.0} µs p99 {:.0} µs, {:.1} µs CPU/request",
+            if traced { "traced" } else { "untraced" },
+            latency(&load, "p50"),
+            latency(&load, "p99"),
+            cpu_s.map_or(f64::NAN, |s| s * 1e6 / ok.max(1.0)),
+        );
+        windows.push(window);
+    }
+    Ok(windows)
+}
+
+/// A latency percentile of loadgen's summary, µs (NaN if it has none).
+pub fn latency(loadgen: &Value, key: &str) -> f64 {
+    loadgen["latency_us"][key].as_f64().unwrap_or(f64::NAN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_flip_order() {
+        let arms: String = (0..8)
+            .map(|i| if is_traced(i) { 'T' } else { 'U' })
+            .collect();
+        assert_eq!(arms, "UTTUUTTU");
+    }
+}
