@@ -624,7 +624,7 @@ fn wait_tables(wait: &Value, wait_all: &Value, tail_requests: &Value) -> String 
     if let Some(n) = wait["uncharged_requests"].as_u64().filter(|n| *n > 0) {
         let _ = writeln!(
             w,
-            "**{n} tail requests had no waits charged** (the tracer charges a request's waits only when its overhead reaches the running p90, or it is in the uniform sample): they are left out of the figures above."
+            "**{n} tail requests had no waits charged** (the tracer charges a request's waits only when its overhead reaches the running p95, or it is in the uniform sample): they are left out of the figures above."
         );
     }
     if let Some(all) = wait_all["holders"].as_array().filter(|h| !h.is_empty()) {
