@@ -89,7 +89,7 @@ pub struct Args {
     #[arg(long, default_value_t = 6.0, value_parser = flags::seconds)]
     ab_window: f64,
     /// Also attach the `phase` probe site: exact per-phase on-CPU parts, at ~9 more uprobe
-    /// traps a request (the default mode estimates them from samples).
+    /// traps a request.
     #[arg(long)]
     phases: bool,
     /// Also take stacks at every switch-out (tail-offcpu.svg), at a stack walk each.
@@ -387,6 +387,24 @@ fn command_line(args: &Args) -> String {
     }
     if let Some(max) = args.max_rate {
         line += &format!(" --max-rate {max}");
+    }
+    if args.sample_hz != 999 {
+        line += &format!(" --sample-hz {}", args.sample_hz);
+    }
+    if (args.ab_windows, args.ab_window) != (8, 6.0) {
+        line += &format!(
+            " --ab-windows {} --ab-window {}",
+            args.ab_windows, args.ab_window
+        );
+    }
+    for (on, flag) in [
+        (args.phases, " --phases"),
+        (args.offcpu_stacks, " --offcpu-stacks"),
+        (args.bpf_stats, " --bpf-stats"),
+    ] {
+        if on {
+            line += flag;
+        }
     }
     if let Some(out) = &args.out {
         line += &format!(" --out {}", out.display());

@@ -449,7 +449,7 @@ fn render(
     for (file, what) in [
         ("tail-oncpu.svg", format!("on-CPU samples of the {tail_n} tail requests ({} samples)", pictures["tail"]["samples"])),
         ("all-oncpu.svg", format!("on-CPU samples of all {} requests ({} samples)", pictures["requests"], pictures["all_samples"])),
-        ("tail-offcpu.svg", format!("off-CPU ns of the tail requests, by stack at switch-out, writer fsync and signing included ({:.1} ms)", pictures["tail"]["offcpu_ns"].as_f64().unwrap_or(0.0) / 1e6)),
+        ("tail-offcpu.svg", format!("off-CPU ns of the tail requests, writer fsync and signing included ({:.1} ms), {}", pictures["tail"]["offcpu_ns"].as_f64().unwrap_or(0.0) / 1e6, offcpu_stacks_note(breakdown))),
         ("tail-wait.svg", format!("what ran on the CPU while the tail requests were ready but not running ({:.1} ms of scheduling; see *While the tail waited*)", pictures["wait"]["scheduling_ns"].as_f64().unwrap_or(0.0) / 1e6)),
         ("tail-diff.svg", format!("tail vs the {median_n} median-band requests (p45..p55), differential")),
         ("trace.json", "the 20 slowest and 20 median requests on a timeline: open in https://ui.perfetto.dev or chrome://tracing".to_owned()),
@@ -517,6 +517,16 @@ fn render(
         breakdown["lost_events"], breakdown["incomplete"]
     );
     md
+}
+
+/// Whether the off-CPU picture has stacks: only a session with `--offcpu-stacks` takes them.
+fn offcpu_stacks_note(breakdown: &Value) -> &'static str {
+    let mode = breakdown["attach_modes"]["mode"].as_str().unwrap_or("");
+    if mode.contains("offcpu-stacks") {
+        "by stack at switch-out"
+    } else {
+        "by part only: this session took no switch-out stacks (`--offcpu-stacks`); tail-wait.svg is its off-CPU view"
+    }
 }
 
 /// The Reading's first point: the traced tail beside the untraced client tail, and whether
