@@ -281,11 +281,21 @@ fn a_session_writes_every_picture_with_real_frames() {
         wait.holders[0],
         ("other process · hog (pid 777)".to_owned(), 12_000)
     );
-    assert_eq!(summary.wait_all.unwrap().charged_ns, 10_000 * REQUESTS);
+    // wait_all stands on the uniform sample of requests, each charged 10 µs.
+    let sampled = (0..REQUESTS)
+        .filter(|i| tracer::requests::wait::in_uniform_sample(10_000 + i))
+        .count() as u64;
+    assert!(sampled > 0 && sampled < REQUESTS, "{sampled}");
+    let wait_all = summary.wait_all.unwrap();
+    assert_eq!(
+        (wait_all.requests, wait_all.charged_ns),
+        (sampled, 10_000 * sampled)
+    );
     let pictures: serde_json::Value =
         serde_json::from_slice(&fs::read(dir.path().join("pictures.json")).unwrap()).unwrap();
     assert_eq!(pictures["wait"]["scheduling_ns"], 20_000);
-    assert_eq!(pictures["wait_all"]["scheduling_ns"], 10_000 * REQUESTS);
+    assert_eq!(pictures["wait_all"]["scheduling_ns"], 10_000 * sampled);
+    assert_eq!(pictures["wait"]["uncharged_requests"], 0);
 
     for folded in [
         "tail-wait.folded",
