@@ -108,6 +108,17 @@ pub fn windows(
     Ok(windows)
 }
 
+/// The median of the finite values; NaN if there is none.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.retain(|v| v.is_finite());
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
 /// A latency percentile of loadgen's summary, µs (NaN if it has none).
 pub fn latency(loadgen: &Value, key: &str) -> f64 {
     loadgen["latency_us"][key].as_f64().unwrap_or(f64::NAN)

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::ab::{self, Traced, latency};
+use crate::ab::{self, Traced, latency, median};
 use crate::flags;
 use crate::machine::Machine;
 use crate::procs::{
@@ -358,16 +358,6 @@ fn is_floor(flags: &[&str]) -> bool {
     flags
         .iter()
         .any(|flag| matches!(*flag, "--skip" | "--empty-programs"))
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.retain(|v| v.is_finite());
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
 }
 
 /// One row of the cost-by-mode table, from a mode's A/B windows: the gateway's CPU per

@@ -293,13 +293,11 @@ mod tests {
         let mut rng = 0x2545_f491_4f6c_dd1d_u64;
         let (mut charged, mut tail_missed) = (0, 0);
         let total = 100_000u64;
-        let mut overheads = Vec::new();
         for id in 0..total {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
             let overhead = 100_000 + rng % 1_000_000;
-            overheads.push(overhead);
             let wants = selection.wants(id, overhead);
             charged += u64::from(wants);
             // The final p99 of a uniform 100..1100 µs is ~1090 µs.

@@ -124,7 +124,8 @@ impl ProbeEffect {
 
     /// Median over the traced windows of the tracer process's CPU, in cores.
     pub fn tracer_cores(&self) -> Option<f64> {
-        median(self.traced().filter_map(|w| w.tracer_cpu_cores).collect())
+        let cores = crate::ab::median(self.traced().filter_map(|w| w.tracer_cpu_cores).collect());
+        cores.is_finite().then_some(cores)
     }
 
     /// Events lost in the traced windows, summed.
@@ -248,17 +249,6 @@ fn spread(s: &Spread) -> String {
     match (s.median, s.min, s.max) {
         (Some(m), Some(lo), Some(hi)) => format!("×{m:.2} ({lo:.2}–{hi:.2})"),
         _ => "unmeasured".to_owned(),
-    }
-}
-
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    values.retain(|v| v.is_finite());
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(values[n / 2]),
-        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
     }
 }
 

@@ -468,7 +468,11 @@ fn render(
     }
 
     let _ = writeln!(w, "\n## Reading\n");
-    let _ = writeln!(w, "- {}", tail_against_untraced(effect, loadgen));
+    let _ = writeln!(
+        w,
+        "- {}",
+        tail_against_untraced(effect, warning.is_some(), loadgen)
+    );
     if let Some(warning) = &overloaded {
         let _ = writeln!(w, "- {warning}");
     }
@@ -531,16 +535,17 @@ fn offcpu_stacks_note(breakdown: &Value) -> &'static str {
 
 /// The Reading's first point: the traced tail beside the untraced client tail, and whether
 /// the conclusions after it describe the untraced gateway.
-fn tail_against_untraced(effect: &ProbeEffect, loadgen: &Value) -> String {
+fn tail_against_untraced(effect: &ProbeEffect, over_budget: bool, loadgen: &Value) -> String {
     let m = &effect.comparison.metrics;
     let us = |x: Option<f64>| x.map_or("–".to_owned(), |x| format!("{x:.0} µs"));
     let session_p99 = loadgen["latency_us"]["p99"].as_f64();
-    let verdict = match effect.warning() {
-        None => format!(
+    let verdict = if over_budget {
+        "over budget (see the WARNING at the top): read the parts below as the traced gateway's, and weigh each against the untraced client tail".to_owned()
+    } else {
+        format!(
             "within the ×{:.2} budget, so the ranking of parts below describes the gateway as it runs untraced",
             super::effect::BUDGET
-        ),
-        Some(_) => "over budget (see the WARNING at the top): read the parts below as the traced gateway's, and weigh each against the untraced client tail".to_owned(),
+        )
     };
     format!(
         "Traced against untraced first: the client's p99 was {} in the untraced windows and {} in the traced ones (medians), p99.9 {} and {}; the session's own traced run read p99 {}. The effect is {verdict}.",
