@@ -274,10 +274,11 @@ fn decode(body: &[u8]) -> Option<SpilledRequest> {
             })
         })
         .collect::<Option<Vec<_>>>()?;
-    let waits = match c.count()? {
+    // 0: not charged; n + 1: n charges (so the count itself may exceed the bytes left).
+    let waits = match c.u()? {
         0 => None,
         n => Some(
-            (1..n)
+            (0..c.bounded(n - 1)?)
                 .map(|_| {
                     Some(WaitCharge {
                         part: c.part()?,
@@ -341,7 +342,12 @@ impl Cursor<'_> {
 
     /// A length that cannot exceed the bytes left, so a corrupt count cannot allocate wildly.
     fn count(&mut self) -> Option<usize> {
-        let n = usize::try_from(self.u()?).ok()?;
+        let n = self.u()?;
+        self.bounded(n)
+    }
+
+    fn bounded(&self, n: u64) -> Option<usize> {
+        let n = usize::try_from(n).ok()?;
         (n <= self.body.len() - self.at).then_some(n)
     }
 
@@ -453,6 +459,22 @@ mod tests {
         assert!(path.exists());
         drop(spill);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_charged_request_with_no_charges_round_trips() {
+        // Its waits end the record: the count (1) is larger than the bytes left (0).
+        let dir = tempfile::tempdir().unwrap();
+        let mut spill = Spill::create(dir.path()).unwrap();
+        let mut charged_nothing = record(3);
+        charged_nothing.waits = Some(vec![]);
+        spill.push(&charged_nothing).unwrap();
+        let back: Vec<_> = spill
+            .read_back()
+            .unwrap()
+            .collect::<io::Result<_>>()
+            .unwrap();
+        assert_eq!(back[0].waits, Some(vec![]));
     }
 
     #[test]
