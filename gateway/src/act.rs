@@ -1,7 +1,7 @@
 //! `POST /v1/act`: the request path, phase by phase.
 //!
 //! Order: auth → parse → scope → ratelimit → registry → vault → upstream → receipt → respond.
-//! Each phase starts with [`probe::phase`] and lasts until the next. 401 and body errors (400/413) answer at once; from
+//! Each phase runs in [`probe::in_phase`] (its site, then its frame) and lasts until the next. 401 and body errors (400/413) answer at once; from
 //! scope on, every outcome (allowed, denied, upstream failure) gets a receipt, and the answer
 //! is sent only after that receipt is durable.
 
@@ -72,21 +72,17 @@ enum Outcome {
 }
 
 pub async fn act(app: &App, req: Request<Incoming>, req_id: u64) -> Answer {
-    let (config, key) = {
-        probe::phase(req_id, Phase::Auth);
-        match authenticate(app, req.headers()) {
+    let (config, key) =
+        match probe::in_phase(req_id, Phase::Auth, || authenticate(app, req.headers())) {
             Ok(found) => found,
             Err(e) => return respond_error(req_id, e),
-        }
-    };
+        };
 
-    let (body, canonical_params, params_digest) = {
-        probe::phase(req_id, Phase::Parse);
-        match parse(req).await {
+    let (body, canonical_params, params_digest) =
+        match probe::in_phase_async(req_id, Phase::Parse, parse(req)).await {
             Ok(parsed) => parsed,
             Err(e) => return respond_error(req_id, e),
-        }
-    };
+        };
 
     let outcome = decide(app, &config, &key, &body, canonical_params, req_id).await;
 
@@ -114,35 +110,37 @@ pub async fn act(app: &App, req: Request<Incoming>, req_id: u64) -> Answer {
         upstream_latency_us: latency_us,
         error_code,
     };
-    let durable = {
-        probe::phase(req_id, Phase::ReceiptWait);
-        app.ledger.append(req_id, receipt).await
-    };
+    let durable = probe::in_phase_async(
+        req_id,
+        Phase::ReceiptWait,
+        app.ledger.append(req_id, receipt),
+    )
+    .await;
 
-    probe::phase(req_id, Phase::Respond);
-    let Ok(durable) = durable else {
-        let e = ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "receipt_failed",
-            "the receipt could not be made durable; the upstream result is withheld",
-        );
-        return e.into();
-    };
-    match outcome {
-        Outcome::Upstream { status, body, .. } => Answer {
-            status: StatusCode::OK,
-            body: success_body(status, &body, &durable),
-        },
-        Outcome::Denied { error, .. } => Answer {
-            status: error.status,
-            body: error.body(),
-        },
-    }
+    probe::in_phase(req_id, Phase::Respond, || {
+        let Ok(durable) = durable else {
+            let e = ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "receipt_failed",
+                "the receipt could not be made durable; the upstream result is withheld",
+            );
+            return e.into();
+        };
+        match outcome {
+            Outcome::Upstream { status, body, .. } => Answer {
+                status: StatusCode::OK,
+                body: success_body(status, &body, &durable),
+            },
+            Outcome::Denied { error, .. } => Answer {
+                status: error.status,
+                body: error.body(),
+            },
+        }
+    })
 }
 
 fn respond_error(req_id: u64, e: ApiError) -> Answer {
-    probe::phase(req_id, Phase::Respond);
-    e.into()
+    probe::in_phase(req_id, Phase::Respond, || e.into())
 }
 
 /// Finds the key by id and checks its secret. Returns the configuration it was found in.
@@ -234,77 +232,99 @@ async fn decide(
         decision: "deny",
         latency_us: -1,
     };
-    {
-        probe::phase(req_id, Phase::Scope);
+    // Each phase's closure answers Err(outcome) to end the decision there.
+    let scoped = probe::in_phase(req_id, Phase::Scope, || {
         if !key.services.allows(&body.service) || !key.users.allows(&body.on_behalf_of) {
-            return deny(
+            return Err(deny(
                 StatusCode::FORBIDDEN,
                 "scope_denied",
                 "this API key may not act on this service for this user".into(),
-            );
+            ));
         }
-    }
-    let service = config.services.get(body.service.as_str());
-    {
-        probe::phase(req_id, Phase::RateLimit);
+        Ok(config.services.get(body.service.as_str()))
+    });
+    let service = match scoped {
+        Ok(service) => service,
+        Err(denied) => return denied,
+    };
+    let limited = probe::in_phase(req_id, Phase::RateLimit, || {
         if let Some((rate, burst)) = service.and_then(|s| s.rate) {
             let bucket = (key.rowid, service.map_or(0, |s| s.rowid));
             if !app.limiter.allow(bucket, rate, burst, Instant::now()) {
-                return deny(
+                return Err(deny(
                     StatusCode::TOO_MANY_REQUESTS,
                     "rate_limited",
                     "rate limit exceeded".into(),
-                );
+                ));
             }
         }
+        Ok(())
+    });
+    if let Err(denied) = limited {
+        return denied;
     }
-    let (service, path) = {
-        probe::phase(req_id, Phase::Registry);
+    let found = probe::in_phase(req_id, Phase::Registry, || {
         let Some(service) = service else {
-            return deny(StatusCode::NOT_FOUND, "not_found", "unknown service".into());
+            return Err(deny(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "unknown service".into(),
+            ));
         };
         match render_path(service, &body.params) {
-            Ok(path) => (service, path),
-            Err(message) => return deny(StatusCode::BAD_REQUEST, "bad_params", message.into()),
+            Ok(path) => Ok((service, path)),
+            Err(message) => Err(deny(StatusCode::BAD_REQUEST, "bad_params", message.into())),
         }
+    });
+    let (service, path) = match found {
+        Ok(found) => found,
+        Err(denied) => return denied,
     };
-    let credential = {
-        probe::phase(req_id, Phase::Vault);
-        match service.tokens.get(body.on_behalf_of.as_str()) {
+    // The vault phase ends with the upstream request built around the credential.
+    let built = probe::in_phase(req_id, Phase::Vault, || {
+        let credential = match service.tokens.get(body.on_behalf_of.as_str()) {
             None => {
-                return deny(
+                return Err(deny(
                     StatusCode::FORBIDDEN,
                     "token_missing",
                     "no upstream token for this user and service".into(),
-                );
+                ));
             }
             Some(token) if token.expires_at.is_some_and(|at| at <= now_ms() / 1000) => {
-                return deny(
+                return Err(deny(
                     StatusCode::FORBIDDEN,
                     "token_expired",
                     "the upstream token for this user and service has expired".into(),
-                );
+                ));
             }
             Some(token) => token.header_value.clone(),
-        }
-    };
-
-    let request = Request::builder()
-        .method(service.method.clone())
-        .uri(path)
-        .header(HOST, service.pool.host().clone())
-        .header(CONTENT_TYPE, "application/json")
-        .header(service.credential.header_name(), credential)
-        .body(Full::new(Bytes::from(canonical_params)));
-    let Ok(request) = request else {
-        return deny(
-            StatusCode::BAD_REQUEST,
-            "bad_params",
-            "the upstream path is not a valid URI".into(),
-        );
+        };
+        Request::builder()
+            .method(service.method.clone())
+            .uri(path)
+            .header(HOST, service.pool.host().clone())
+            .header(CONTENT_TYPE, "application/json")
+            .header(service.credential.header_name(), credential)
+            .body(Full::new(Bytes::from(canonical_params)))
+            .map_err(|_| {
+                deny(
+                    StatusCode::BAD_REQUEST,
+                    "bad_params",
+                    "the upstream path is not a valid URI".into(),
+                )
+            })
+    });
+    let request = match built {
+        Ok(request) => request,
+        Err(denied) => return denied,
     };
     let started = Instant::now();
-    let result = service.pool.call(req_id, request, service.timeout).await;
+    let result = probe::in_phase_async(
+        req_id,
+        Phase::Upstream,
+        service.pool.call(request, service.timeout),
+    )
+    .await;
     let latency_us = started.elapsed().as_micros() as i64;
     match result {
         Ok((status, body)) => Outcome::Upstream {

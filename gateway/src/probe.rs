@@ -19,6 +19,9 @@
 //! | `gw_probe_ledger_enqueue` | req_id | receipt handed to the writer |
 //! | `gw_probe_sign_begin` / `_end` | batch_id, count | writer thread: a batch is sealed (hashed and signed) |
 //! | `gw_probe_receipt_durable` | req_id, seq | writer completed this request's waiter |
+//!
+//! Each phase also runs inside a named phase frame (`gw_phase_<phase>`, see [`in_phase`]): not
+//! a probe, an ordinary call that stack samples can see.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -48,9 +51,95 @@ probe_site!(gw_probe_sign_begin);
 probe_site!(gw_probe_sign_end);
 probe_site!(gw_probe_receipt_durable);
 
+/// Phase frames: a never-inlined function per [`Phase`] (named [`Phase::frame`]) that the
+/// phase's work runs inside. A stack sample that holds one fell in that phase, which gives a
+/// per-phase split of on-CPU time from samples alone, with no probe hit.
+macro_rules! phase_frame {
+    ($name:ident, $phase:expr) => {
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "Rust" fn $name(body: &mut dyn FnMut()) {
+            body();
+            // After the call, so it is no tail jump (which would pop this frame before `body`
+            // runs), and different in every frame, so the linker cannot fold them into one.
+            std::hint::black_box($phase as u16);
+        }
+    };
+}
+
+phase_frame!(gw_phase_parse, Phase::Parse);
+phase_frame!(gw_phase_auth, Phase::Auth);
+phase_frame!(gw_phase_scope, Phase::Scope);
+phase_frame!(gw_phase_ratelimit, Phase::RateLimit);
+phase_frame!(gw_phase_registry, Phase::Registry);
+phase_frame!(gw_phase_vault, Phase::Vault);
+phase_frame!(gw_phase_upstream, Phase::Upstream);
+phase_frame!(gw_phase_receipt, Phase::ReceiptWait);
+phase_frame!(gw_phase_respond, Phase::Respond);
+
+fn frame(phase: Phase) -> fn(&mut dyn FnMut()) {
+    match phase {
+        Phase::Parse => gw_phase_parse,
+        Phase::Auth => gw_phase_auth,
+        Phase::Scope => gw_phase_scope,
+        Phase::RateLimit => gw_phase_ratelimit,
+        Phase::Registry => gw_phase_registry,
+        Phase::Vault => gw_phase_vault,
+        Phase::Upstream => gw_phase_upstream,
+        Phase::ReceiptWait => gw_phase_receipt,
+        Phase::Respond => gw_phase_respond,
+    }
+}
+
 /// The request enters `phase`; it lasts until the next one begins.
-pub fn phase(req_id: u64, phase: Phase) {
+fn phase(req_id: u64, phase: Phase) {
     gw_probe_phase(req_id, phase as u64, 0);
+}
+
+/// Runs `body` as `phase` of `req_id`: the phase site first (the exact split, `--phases`),
+/// then `body` inside the phase's frame (the sampled split).
+pub fn in_phase<R>(req_id: u64, phase: Phase, body: impl FnOnce() -> R) -> R {
+    self::phase(req_id, phase);
+    let mut body = Some(body);
+    let mut out = None;
+    frame(phase)(&mut || out = body.take().map(|body| body()));
+    out.expect("a phase frame runs its body once")
+}
+
+/// [`in_phase`] for a phase that awaits: the site at its first poll, every poll inside the
+/// phase's frame.
+pub fn in_phase_async<F: Future>(req_id: u64, phase: Phase, inner: F) -> InPhase<F> {
+    InPhase {
+        req_id,
+        phase,
+        entered: false,
+        inner,
+    }
+}
+
+pub struct InPhase<F> {
+    req_id: u64,
+    phase: Phase,
+    entered: bool,
+    inner: F,
+}
+
+impl<F: Future> Future for InPhase<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // SAFETY: `inner` is structurally pinned; it is never moved out of `self`.
+        let this = unsafe { self.get_unchecked_mut() };
+        if !this.entered {
+            this.entered = true;
+            phase(this.req_id, this.phase);
+        }
+        // SAFETY: see above.
+        let mut inner = unsafe { Pin::new_unchecked(&mut this.inner) };
+        let mut out = Poll::Pending;
+        frame(this.phase)(&mut || out = inner.as_mut().poll(cx));
+        out
+    }
 }
 
 /// The request a connection is serving (0: none), shared by the connection's task and the
@@ -110,5 +199,39 @@ impl<F: Future> Future for ConnectionTask<F> {
             gw_probe_poll_exit(after, 0, 0);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_phase_runs_its_body_once_and_returns_its_value() {
+        let mut runs = 0;
+        let out = in_phase(1, Phase::Auth, || {
+            runs += 1;
+            "answer"
+        });
+        assert_eq!((out, runs), ("answer", 1));
+    }
+
+    #[test]
+    fn in_phase_async_polls_through_to_the_inner_output() {
+        let mut polls = 0;
+        let inner = std::future::poll_fn(|cx| {
+            polls += 1;
+            if polls < 3 {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            } else {
+                Poll::Ready(polls)
+            }
+        });
+        let mut phased = std::pin::pin!(in_phase_async(1, Phase::Upstream, inner));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(phased.as_mut().poll(&mut cx).is_pending());
+        assert!(phased.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(phased.as_mut().poll(&mut cx), Poll::Ready(3));
     }
 }

@@ -24,7 +24,6 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::config::UpstreamUrl;
-use crate::probe::{self, Phase};
 
 /// Largest upstream response body accepted.
 const MAX_RESPONSE: usize = 8 << 20;
@@ -90,16 +89,13 @@ impl Pool {
         &self.host
     }
 
-    /// Sends `request` and reads the whole response, within `timeout`. Enters the `upstream`
-    /// phase once a connection is chosen.
+    /// Sends `request` and reads the whole response, within `timeout`.
     pub async fn call(
         &self,
-        req_id: u64,
         request: Request<Full<Bytes>>,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), UpstreamError> {
         let checkout = self.checkout().await?;
-        probe::phase(req_id, Phase::Upstream);
         match tokio::time::timeout(timeout, self.exchange(checkout, request)).await {
             Ok(result) => result,
             Err(_elapsed) => Err(UpstreamError::Timeout),

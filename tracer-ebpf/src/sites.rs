@@ -123,4 +123,25 @@ impl Phase {
     pub fn from_id(id: u64) -> Option<Phase> {
         Phase::ALL.into_iter().find(|p| *p as u64 == id)
     }
+
+    /// The gateway's phase frame: a never-inlined function that the phase's work runs inside,
+    /// so that a stack sample names its phase with no probe hit (the sampled per-phase split).
+    pub const fn frame(self) -> &'static str {
+        match self {
+            Phase::Parse => "gw_phase_parse",
+            Phase::Auth => "gw_phase_auth",
+            Phase::Scope => "gw_phase_scope",
+            Phase::RateLimit => "gw_phase_ratelimit",
+            Phase::Registry => "gw_phase_registry",
+            Phase::Vault => "gw_phase_vault",
+            Phase::Upstream => "gw_phase_upstream",
+            Phase::ReceiptWait => "gw_phase_receipt",
+            Phase::Respond => "gw_phase_respond",
+        }
+    }
+
+    /// The phase whose frame is named `name`.
+    pub fn from_frame(name: &str) -> Option<Phase> {
+        Phase::ALL.into_iter().find(|p| p.frame() == name)
+    }
 }
