@@ -233,7 +233,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
             Rebuilder::new()
         },
         writer: SessionWriter::create(&args.out, meta)?,
-        pictures: Pictures::start(args.pid, &args.out, args.wait_for)?,
+        pictures: Pictures::start(args.pid, &args.out, args.wait_for, args.sample_hz)?,
         tally: Tally::default(),
         hooks: Hooks::start(
             args.raw_events.as_deref(),

@@ -12,6 +12,7 @@
 //! written from them.
 
 mod effect;
+mod phases;
 mod readme;
 
 use std::fs;

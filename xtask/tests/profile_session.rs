@@ -143,6 +143,21 @@ fn check_session(out: &Path) {
         readme.contains("## While the tail waited, the CPU ran"),
         "README.md has no wait-for table"
     );
+    // The sampled per-phase split finds the gateway's phase frames in real stacks.
+    assert!(
+        readme.contains("## On-CPU time by phase (sampled)"),
+        "README.md has no per-phase table"
+    );
+    let pictures: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("pictures.json")).unwrap()).unwrap();
+    let all = &pictures["phase_samples"]["all"];
+    let in_phases: u64 = all["phases"]
+        .as_object()
+        .expect("phase_samples.all.phases")
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert!(in_phases > 0, "no sample fell in a phase frame: {all}");
     let wait = std::fs::read_to_string(out.join(WAIT_SVG)).unwrap();
     let titles = frame_titles(&parse_svg(&wait));
     assert!(

@@ -167,6 +167,13 @@ impl Folded {
         text
     }
 
+    /// Every stack (`a;b;c`) with its count, in sorted order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.stacks
+            .iter()
+            .map(|(stack, count)| (stack.as_str(), *count))
+    }
+
     /// Adds `count` to one folded stack (`a;b;c`).
     pub fn add(&mut self, stack: &str, count: u64) {
         *self.stacks.entry(stack.to_owned()).or_default() += count;

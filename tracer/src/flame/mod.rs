@@ -8,6 +8,7 @@
 //! once and writes every picture. See [`fold`] for the frame conventions.
 
 pub mod fold;
+pub mod phases;
 pub mod render;
 pub mod spill;
 pub mod wait;
@@ -26,6 +27,7 @@ use crate::symbolize::{StackSource, Symbolizer};
 use crate::trace_json::{self, Group, ThreadNames, TraceSummary};
 
 use fold::{Folded, StackCounts};
+use phases::PhaseSamples;
 use render::Picture;
 use spill::Spill;
 pub use spill::SpilledRequest;
@@ -50,11 +52,20 @@ pub mod files {
     pub const SUMMARY: &str = "pictures.json";
 }
 
+/// On-CPU samples by phase frame, per band.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BandPhases {
+    pub tail: PhaseSamples,
+    pub median: PhaseSamples,
+    pub all: PhaseSamples,
+}
+
 /// Collects a session's requests for the pictures.
 pub struct FlameSession {
     out_dir: PathBuf,
     spill: Spill,
     wait_for: bool,
+    sample_hz: Option<u64>,
 }
 
 /// What the pictures show, also written as `pictures.json`.
@@ -72,6 +83,8 @@ pub struct FlameSummary {
     /// The same over the uniform sample of complete requests (`wait::in_uniform_sample`):
     /// what requests wait behind in general.
     pub wait_all: Option<WaitSummary>,
+    /// The sampled per-phase split of each band's on-CPU samples.
+    pub phases: BandPhases,
     pub trace: TraceSummary,
     pub slowest_ids: Vec<u64>,
     pub median_ids: Vec<u64>,
@@ -88,7 +101,14 @@ impl FlameSession {
             out_dir: out_dir.to_owned(),
             spill,
             wait_for: false,
+            sample_hz: None,
         })
+    }
+
+    /// The cpu-clock sampling rate, so that pictures.json can turn samples into time.
+    pub fn with_sample_hz(mut self, hz: u64) -> Self {
+        self.sample_hz = Some(hz);
+        self
     }
 
     /// Also draws the wait-for view (`tail-wait`), from the records' `waits`.
@@ -181,6 +201,11 @@ impl FlameSession {
         let median_folded = median.fold(stacks, symbolizer);
         let tail_off_folded = tail_off.fold(stacks, symbolizer);
         summary.tail_offcpu_ns = tail_off_folded.total();
+        summary.phases = BandPhases {
+            tail: PhaseSamples::from_folded(&tail_folded),
+            median: PhaseSamples::from_folded(&median_folded),
+            all: PhaseSamples::from_folded(&all_folded),
+        };
 
         let tail_us = bands.tail_above_ns as f64 / 1e3;
         let (lo_us, hi_us) = (
@@ -296,7 +321,7 @@ impl FlameSession {
 
         fs::write(
             self.out_dir.join(files::SUMMARY),
-            summary_json(&summary, bands),
+            summary_json(&summary, bands, self.sample_hz),
         )?;
         Ok(summary)
     }
@@ -325,8 +350,9 @@ pub struct Pictures {
 
 impl Pictures {
     /// `wait_for`: also draw the wait-for view (the records carry their waits).
-    pub fn start(pid: u32, out_dir: &Path, wait_for: bool) -> Result<Self> {
-        let session = FlameSession::create(out_dir)?;
+    /// `sample_hz`: the session's cpu-clock sampling rate.
+    pub fn start(pid: u32, out_dir: &Path, wait_for: bool, sample_hz: u64) -> Result<Self> {
+        let session = FlameSession::create(out_dir)?.with_sample_hz(sample_hz);
         Ok(Pictures {
             session: if wait_for {
                 session.with_wait_for()
@@ -377,7 +403,16 @@ fn write_file(
         .with_context(|| format!("writing {}", path.display()))
 }
 
-fn summary_json(s: &FlameSummary, bands: &Bands) -> String {
+fn phases_json(counts: &PhaseSamples) -> serde_json::Value {
+    let by_phase: serde_json::Map<String, serde_json::Value> = tracer_ebpf::sites::Phase::ALL
+        .into_iter()
+        .map(|phase| (phase.name().to_owned(), json!(counts.phase(phase))))
+        .collect();
+    json!({ "samples": counts.samples, "phases": by_phase, "outside": counts.outside,
+            "unresolved": counts.unresolved })
+}
+
+fn summary_json(s: &FlameSummary, bands: &Bands, sample_hz: Option<u64>) -> String {
     let value = json!({
         "requests": s.requests,
         "tail": { "above_overhead_ns": bands.tail_above_ns, "requests": s.tail_requests,
@@ -387,6 +422,8 @@ fn summary_json(s: &FlameSummary, bands: &Bands) -> String {
         "all_samples": s.all_samples,
         "wait": s.wait.as_ref().map(WaitSummary::to_json),
         "wait_all": s.wait_all.as_ref().map(WaitSummary::to_json),
+        "phase_samples": { "sample_hz": sample_hz, "tail": phases_json(&s.phases.tail),
+                           "median": phases_json(&s.phases.median), "all": phases_json(&s.phases.all) },
         "trace": { "slowest_req_ids": s.slowest_ids, "median_req_ids": s.median_ids,
                    "thread_tracks": s.trace.thread_tracks, "complete_events": s.trace.events },
         "kernel_symbols": s.kernel_names,

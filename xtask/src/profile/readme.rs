@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::SessionFacts;
 use super::effect::ProbeEffect;
+use super::phases::{self, PhaseSamples};
 
 /// The session's own A/B windows and their ratios (see `effect`).
 pub const PROBE_EFFECT_JSON: &str = "probe-effect.json";
@@ -135,7 +136,16 @@ pub fn write(dir: &Path, facts: &SessionFacts) -> anyhow::Result<PathBuf> {
         !overheads.overhead.is_empty(),
         "requests.csv has no complete request"
     );
-    let text = render(facts, &effect, &breakdown, &loadgen, &pictures, &overheads);
+    let phase_samples = phases::read(&pictures)?;
+    let text = render(
+        facts,
+        &effect,
+        &breakdown,
+        &loadgen,
+        &pictures,
+        phase_samples.as_ref(),
+        &overheads,
+    );
     let path = dir.join("README.md");
     fs::write(&path, text)?;
     Ok(path)
@@ -276,6 +286,7 @@ fn render(
     breakdown: &Value,
     loadgen: &Value,
     pictures: &Value,
+    phase_samples: Option<&PhaseSamples>,
     o: &Overheads,
 ) -> String {
     let mut md = String::new();
@@ -418,6 +429,32 @@ fn render(
         );
     }
 
+    if let Some(sampled) = phase_samples {
+        let mode = breakdown["attach_modes"]["mode"].as_str().unwrap_or("");
+        let count = |v: &Value| v.as_u64().unwrap_or(0);
+        let bands = [
+            phases::Band {
+                name: "tail",
+                samples: &sampled.tail,
+                requests: count(&pictures["tail"]["requests"]),
+                exact: Some(tail),
+            },
+            phases::Band {
+                name: "median",
+                samples: &sampled.median,
+                requests: count(&pictures["median_band"]["requests"]),
+                exact: breakdown.get("median"),
+            },
+            phases::Band {
+                name: "all",
+                samples: &sampled.all,
+                requests: count(&pictures["requests"]),
+                exact: Some(breakdown),
+            },
+        ];
+        w.push_str(&phases::section(sampled, &bands, mode.contains("phases")));
+    }
+
     w.push_str(&wait_tables(
         &pictures["wait"],
         &pictures["wait_all"],
@@ -504,6 +541,13 @@ fn render(
             } else {
                 others.join(", ")
             }
+        );
+    }
+    if let Some(sampled) = phase_samples {
+        let _ = writeln!(
+            w,
+            "- {}",
+            phases::reading(sampled, pictures["tail"]["requests"].as_u64().unwrap_or(0))
         );
     }
     let _ = writeln!(
