@@ -11,6 +11,7 @@
 //! (breakdown, requests, flamegraphs, trace.json), loadgen's summaries and a README.md
 //! written from them.
 
+mod compare;
 mod effect;
 mod phases;
 mod readme;
@@ -99,6 +100,10 @@ pub struct Args {
     /// Also turn on the kernel's BPF run-time statistics (~50 ns a program run).
     #[arg(long)]
     bpf_stats: bool,
+    /// An earlier session directory: the Reading sets this tail's ranking of parts and its
+    /// waits behind other processes beside that session's.
+    #[arg(long, value_name = "DIR")]
+    compare: Option<PathBuf>,
 }
 
 fn load_fraction(text: &str) -> Result<f64, String> {
@@ -129,6 +134,8 @@ pub struct SessionFacts {
     pub target_rate: f64,
     pub pinning: Vec<(String, String, String)>,
     pub machine: Machine,
+    /// `--compare`: the earlier session's tail and the link to its README.
+    pub compare: Option<(compare::TailFacts, String)>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -137,6 +144,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         unsafe { libc::geteuid() } == 0,
         "cargo xtask profile attaches eBPF programs: run it as root"
     );
+    // Read before anything runs, so a bad --compare costs nothing.
+    let earlier = args
+        .compare
+        .as_deref()
+        .map(|dir| {
+            compare::TailFacts::read(dir)
+                .with_context(|| format!("--compare {}: not a session directory", dir.display()))
+        })
+        .transpose()?;
     // `cargo build -p tracer` below needs the eBPF toolchain; a fresh machine gets it here.
     crate::setup::ensure()?;
     let started = Instant::now();
@@ -355,6 +371,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         target_rate,
         pinning,
         machine,
+        compare: earlier
+            .zip(args.compare.as_deref())
+            .map(|(facts, dir)| (facts, relative_link(&out, &dir.join("README.md")))),
     };
     let readme = readme::write(&out, &facts)?;
     compress_requests_csv(&out)?;
@@ -407,10 +426,28 @@ fn command_line(args: &Args) -> String {
             line += flag;
         }
     }
+    if let Some(dir) = &args.compare {
+        line += &format!(" --compare {}", dir.display());
+    }
     if let Some(out) = &args.out {
         line += &format!(" --out {}", out.display());
     }
     line
+}
+
+/// `to` as seen from directory `from` (both made absolute), for a README link.
+fn relative_link(from: &Path, to: &Path) -> String {
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
+    let (from, to) = (absolute(from), absolute(to));
+    let common = from
+        .components()
+        .zip(to.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let ups = from.components().count() - common;
+    let mut link: PathBuf = std::iter::repeat_n("..", ups).collect();
+    link.extend(to.components().skip(common));
+    link.display().to_string()
 }
 
 /// The session's `tracer record` flags beyond `--pid` and `--out`: the probe-effect windows
@@ -563,6 +600,21 @@ fn compress_requests_csv(out: &Path) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_compared_session_is_linked_relative_to_this_one() {
+        assert_eq!(
+            relative_link(
+                Path::new("/r/profiles/new"),
+                Path::new("/r/profiles/old/README.md")
+            ),
+            "../old/README.md"
+        );
+        assert_eq!(
+            relative_link(Path::new("/tmp/s"), Path::new("/r/p/README.md")),
+            "../../r/p/README.md"
+        );
+    }
+
     use super::*;
 
     #[test]

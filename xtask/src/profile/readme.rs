@@ -550,6 +550,16 @@ fn render(
             phases::reading(sampled, pictures["tail"]["requests"].as_u64().unwrap_or(0))
         );
     }
+    if let Some((then, link)) = &facts.compare {
+        match super::compare::TailFacts::from_session(breakdown, pictures) {
+            Ok(now) => {
+                let _ = writeln!(w, "- {}", super::compare::reading(&now, then, link));
+            }
+            Err(e) => {
+                let _ = writeln!(w, "- No comparison with {link}: {e}");
+            }
+        }
+    }
     let _ = writeln!(
         w,
         "- Without ledger_fsync (the disk's fdatasync, charged to the requests that waited on it), overhead is p50 {nf50:.1} µs, p99 {nf99:.1} µs: the 1 ms p99 gate {} for the non-fsync part.",
