@@ -81,8 +81,10 @@ pub struct Args {
     /// Untraced open-loop warm-up at the target rate before the tracer attaches, in s.
     #[arg(long, default_value_t = 3.0, value_parser = flags::seconds)]
     warmup: f64,
-    /// The tracer's cpu-clock sampling rate.
-    #[arg(long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    /// The tracer's cpu-clock sampling rate, on the gateway's CPUs. Each sample is a timer
+    /// interrupt and two stack walks there, paid by the gateway: 999 Hz costs it measurably
+    /// more CPU per request than 299 Hz (docs/probe-effect.md).
+    #[arg(long, default_value_t = 299, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     sample_hz: u64,
     /// Probe-effect windows per arm (traced, untraced), in flipping pairs before the session.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(2..=100))]
@@ -408,7 +410,7 @@ fn command_line(args: &Args) -> String {
     if let Some(max) = args.max_rate {
         line += &format!(" --max-rate {max}");
     }
-    if args.sample_hz != 999 {
+    if args.sample_hz != 299 {
         line += &format!(" --sample-hz {}", args.sample_hz);
     }
     if (args.ab_windows, args.ab_window) != (8, 6.0) {
