@@ -417,6 +417,10 @@ fn render(
     );
     for (name, mean, share) in &tail_rows {
         let m = median.iter().find(|(n, _, _)| n == name);
+        // Parts this session cannot have (`cpu.<phase>` without --phases) are all zeros.
+        if *mean == 0.0 && m.is_none_or(|(_, mean, _)| *mean == 0.0) {
+            continue;
+        }
         let _ = writeln!(
             w,
             "| {name} | {mean:.1} | {:.1}% | {} | {} |",
