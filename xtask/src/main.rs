@@ -31,7 +31,7 @@ enum Command {
     Setup(setup::Args),
     /// Run every test, root-only eBPF integration tests included.
     Test(test::Args),
-    /// The Phase 0 overhead matrix, out of process; writes profiles/local/bench-<time>/ or --out.
+    /// The gateway's added latency over its upstream, out of process (no tracer); writes profiles/local/bench-<time>/ or --out.
     Bench(bench::Args),
     /// Build the tracer and attach it, as root, to a running gateway.
     RunTracer(run_tracer::Args),
