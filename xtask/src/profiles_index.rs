@@ -107,12 +107,19 @@ struct Tail {
     parts: BTreeMap<String, TailPart>,
 }
 
+/// Mean probe hits per complete request; the site hits tell tracer generations apart.
+#[derive(Deserialize)]
+struct HitsPerRequest {
+    sites: f64,
+}
+
 /// `breakdown.json` of a session.
 #[derive(Deserialize)]
 struct Breakdown {
     requests: u64,
     lost_events: u64,
     tail: Tail,
+    hits_per_request: HitsPerRequest,
 }
 
 #[derive(Deserialize)]
@@ -130,10 +137,16 @@ struct MaxRate {
     ratio_traced_untraced: f64,
 }
 
+#[derive(Deserialize)]
+struct ValidationCost {
+    hits_per_request: HitsPerRequest,
+}
+
 /// `validation.json` of a validation run.
 #[derive(Deserialize)]
 struct Validation {
     machine: Machine,
+    cost: ValidationCost,
     settings: ValidationSettings,
     rate: f64,
     ab: Ab,
@@ -177,6 +190,8 @@ struct Run {
     kind: &'static str,
     machine: Machine,
     load: String,
+    /// Probe-site hits per request: none for a bench, which runs no tracer.
+    site_hits: Option<f64>,
     headline: String,
 }
 
@@ -277,6 +292,7 @@ fn session(dir: &Path, name: &str) -> anyhow::Result<Run> {
         kind: "session",
         machine,
         load,
+        site_hits: Some(breakdown.hits_per_request.sites),
         headline,
     })
 }
@@ -293,6 +309,7 @@ fn validation(dir: &Path, name: &str) -> anyhow::Result<Run> {
             v.settings.load * 100.0,
             v.rate
         ),
+        site_hits: Some(v.cost.hits_per_request.sites),
         headline: format!(
             "traced/untraced: p50 {}, p99 {}, CPU/request {}, max throughput {}",
             ratio(m.p50_us.ratio_of_medians),
@@ -334,6 +351,7 @@ fn bench(dir: &Path, name: &str) -> anyhow::Result<Run> {
         } else {
             "matrix: c1, c16, c64; 25, 50, 75% of max".to_owned()
         },
+        site_hits: None,
         headline,
         machine: b.machine,
     })
@@ -394,13 +412,16 @@ pub fn render(profiles: &Path) -> anyhow::Result<String> {
     out += "- **bench**: `cargo xtask bench`, the overhead matrix without the tracer; the \
             headline is the gateway's added p99 over its upstream at 25% of max, against the \
             1 ms gate.\n\n";
+    out += "Site hits per request are the probe-site traps a traced request costs: about 34 for \
+            the first tracer, about 9 for the lean set, about 18 with `--phases`.\n\n";
     out += "Compare ratios, not absolute figures: the host's speed moves from hour to hour.\n\n";
-    out += "| run | kind | date (UTC) | commit | host CPU | load | headline |\n";
-    out += "|---|---|---|---|---|---|---|\n";
+    out +=
+        "| run | kind | date (UTC) | commit | host CPU | load | site hits / request | headline |\n";
+    out += "|---|---|---|---|---|---|---|---|\n";
     for run in &runs {
         let _ = writeln!(
             out,
-            "| [{}]({}) | {} | {} | `{}` | {} × {} | {} | {} |",
+            "| [{}]({}) | {} | {} | `{}` | {} × {} | {} | {} | {} |",
             run.name,
             run.report,
             run.kind,
@@ -409,6 +430,8 @@ pub fn render(profiles: &Path) -> anyhow::Result<String> {
             run.machine.cpus,
             run.machine.cpu_model,
             run.load,
+            run.site_hits
+                .map_or_else(|| "—".to_owned(), |hits| format!("{hits:.1}")),
             run.headline
         );
     }
@@ -438,6 +461,7 @@ mod tests {
         std::fs::write(
             run.join("validation.json"),
             r#"{"machine": {"cpu_model": "m", "cpus": 2, "commit": "c", "date": "d"},
+                "cost": {"hits_per_request": {"sites": 9.0}},
                 "settings": {"load": 0.25}, "rate": 1.0,
                 "ab": {"comparison": {"metrics": {
                     "p50_us": {"ratio_of_medians": 1.0},
