@@ -8,6 +8,7 @@ mod machine;
 mod procs;
 mod procstat;
 mod profile;
+mod profiles_index;
 mod run_tracer;
 mod session_dir;
 mod setup;
@@ -30,12 +31,14 @@ enum Command {
     Setup(setup::Args),
     /// Run every test, root-only eBPF integration tests included.
     Test(test::Args),
-    /// The Phase 0 overhead matrix, out of process; writes profiles/local/bench-<time>/ or --out.
+    /// The gateway's added latency over its upstream, out of process (no tracer); writes profiles/local/bench-<time>/ or --out.
     Bench(bench::Args),
     /// Build the tracer and attach it, as root, to a running gateway.
     RunTracer(run_tracer::Args),
     /// A whole tail session at a fraction of max load; writes profiles/local/<name>-<time>/ or --out.
     Profile(profile::Args),
+    /// Write profiles/README.md, the index of the recorded runs, from their own files.
+    ProfilesIndex(profiles_index::Args),
     /// Accuracy, probe effect, loss and cost of the tracer; writes profiles/local/validation-<time>/
     /// or --out.
     Validate(validate::Args),
@@ -50,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::RunTracer(args) => run_tracer::run(args),
         Command::Profile(args) => profile::run(args),
+        Command::ProfilesIndex(args) => profiles_index::run(args),
         Command::Validate(args) => validate::run(args),
         Command::Vmtest(args) => vmtest::run(args),
     }
