@@ -1,9 +1,10 @@
 //! `POST /v1/act`: the request path, phase by phase.
 //!
 //! Order: auth → parse → scope → ratelimit → registry → vault → upstream → receipt → respond.
-//! Each phase runs in [`probe::in_phase`] (its site, then its frame) and lasts until the next. 401 and body errors (400/413) answer at once; from
-//! scope on, every outcome (allowed, denied, upstream failure) gets a receipt, and the answer
-//! is sent only after that receipt is durable.
+//! Each phase runs in [`probe::in_phase`] (its site, then its frame) and lasts until the next.
+//! 401 and body errors (400/413) answer at once; from scope on, every outcome (allowed,
+//! denied, upstream failure) gets a receipt, and the answer is sent only after that receipt
+//! is durable.
 
 use std::borrow::Cow;
 use std::sync::Arc;
