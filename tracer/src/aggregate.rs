@@ -2,13 +2,12 @@
 //! `overhead` (= total − upstream), with exact ns sums for means and exact maxima. Memory is
 //! fixed whatever the session length.
 //!
-//! Percentiles are HDR values (3 significant digits, so within 0.1%), capped at the exact max.
+//! Percentiles are HDR values ([`crate::stats`]), capped at the exact max.
 
 use std::collections::BTreeMap;
 
-use hdrhistogram::Histogram;
-
 use crate::requests::{Hits, Outcome, PARTS, Part, RequestRecord};
+use crate::stats::{Hist, Stats};
 
 /// What a distribution is of: one part, or the request's total or overhead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,66 +42,6 @@ impl Metric {
     }
 }
 
-/// Percentiles, max and mean of one metric, in ns.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Stats {
-    pub p50_ns: u64,
-    pub p90_ns: u64,
-    pub p99_ns: u64,
-    pub p999_ns: u64,
-    pub max_ns: u64,
-    pub mean_ns: f64,
-}
-
-struct Dist {
-    hist: Histogram<u64>,
-    sum_ns: u128,
-    max_ns: u64,
-}
-
-impl Dist {
-    fn new() -> Self {
-        Dist {
-            hist: Histogram::new(3).expect("3 significant digits is a valid precision"),
-            sum_ns: 0,
-            max_ns: 0,
-        }
-    }
-
-    fn record(&mut self, ns: u64) {
-        // Auto-resizing: only a value beyond u64 range could fail, and then saturating is right.
-        if self.hist.record(ns).is_err() {
-            self.hist.saturating_record(ns);
-        }
-        self.sum_ns += u128::from(ns);
-        self.max_ns = self.max_ns.max(ns);
-    }
-
-    fn quantile(&self, q: f64) -> u64 {
-        if self.hist.is_empty() {
-            0
-        } else {
-            self.hist.value_at_quantile(q).min(self.max_ns)
-        }
-    }
-
-    fn stats(&self) -> Stats {
-        let n = self.hist.len();
-        Stats {
-            p50_ns: self.quantile(0.50),
-            p90_ns: self.quantile(0.90),
-            p99_ns: self.quantile(0.99),
-            p999_ns: self.quantile(0.999),
-            max_ns: self.max_ns,
-            mean_ns: if n == 0 {
-                0.0
-            } else {
-                self.sum_ns as f64 / n as f64
-            },
-        }
-    }
-}
-
 /// Mean probe hits per complete request, per kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct HitsPerRequest {
@@ -114,9 +53,9 @@ pub struct HitsPerRequest {
 }
 
 pub struct Aggregate {
-    total: Dist,
-    overhead: Dist,
-    parts: Vec<Dist>,
+    total: Hist,
+    overhead: Hist,
+    parts: Vec<Hist>,
     requests: u64,
     incomplete: BTreeMap<String, u64>,
     hits: [u64; 5],
@@ -131,9 +70,9 @@ impl Default for Aggregate {
 impl Aggregate {
     pub fn new() -> Self {
         Aggregate {
-            total: Dist::new(),
-            overhead: Dist::new(),
-            parts: (0..PARTS).map(|_| Dist::new()).collect(),
+            total: Hist::default(),
+            overhead: Hist::default(),
+            parts: (0..PARTS).map(|_| Hist::default()).collect(),
             requests: 0,
             incomplete: BTreeMap::new(),
             hits: [0; 5],

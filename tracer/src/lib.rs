@@ -10,6 +10,6 @@ pub mod flame;
 pub mod record;
 pub mod report;
 pub mod requests;
+pub mod stats;
 pub mod symbolize;
-pub mod trace_json;
 pub mod validate;

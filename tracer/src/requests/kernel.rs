@@ -3,78 +3,20 @@
 //! run-queue delays as the thread histories replay them (preempted or woken → switched in).
 //! HDR histograms: bounded memory over any session, values within 0.1%.
 
-use hdrhistogram::Histogram;
-
-use crate::aggregate::Stats;
-
-#[derive(Clone, Debug)]
-pub struct KernelHist {
-    hist: Histogram<u64>,
-    sum_ns: u128,
-    max_ns: u64,
-}
-
-impl Default for KernelHist {
-    fn default() -> Self {
-        KernelHist {
-            hist: Histogram::new(3).expect("3 significant digits is a valid precision"),
-            sum_ns: 0,
-            max_ns: 0,
-        }
-    }
-}
-
-impl KernelHist {
-    pub(crate) fn record(&mut self, ns: u64) {
-        // Auto-resizing `record` grows the range; `saturating_record` alone would clamp to
-        // the initial range, so it is only the fallback past u64 range.
-        if self.hist.record(ns).is_err() {
-            self.hist.saturating_record(ns);
-        }
-        self.sum_ns += u128::from(ns);
-        self.max_ns = self.max_ns.max(ns);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.hist.len()
-    }
-
-    pub fn stats(&self) -> Stats {
-        let n = self.hist.len();
-        let q = |q: f64| {
-            if n == 0 {
-                0
-            } else {
-                self.hist.value_at_quantile(q).min(self.max_ns)
-            }
-        };
-        Stats {
-            p50_ns: q(0.50),
-            p90_ns: q(0.90),
-            p99_ns: q(0.99),
-            p999_ns: q(0.999),
-            max_ns: self.max_ns,
-            mean_ns: if n == 0 {
-                0.0
-            } else {
-                self.sum_ns as f64 / n as f64
-            },
-        }
-    }
-}
+use crate::stats::Hist;
 
 /// What the model saw, over every event pushed into it.
 #[derive(Clone, Debug, Default)]
 pub struct KernelStats {
     /// fsync/fdatasync (exit − enter) of any target thread: the intervals `ledger_fsync` is
     /// cut from.
-    pub fsync: KernelHist,
+    pub fsync: Hist,
     /// Blocked → woken → switched in: wakeup to switch-in.
-    pub runqueue_after_wakeup: KernelHist,
+    pub runqueue_after_wakeup: Hist,
     /// Switched out runnable → switched in.
-    pub runqueue_after_preemption: KernelHist,
+    pub runqueue_after_preemption: Hist,
     /// Both of the above.
-    pub runqueue: KernelHist,
+    pub runqueue: Hist,
 }
 
 impl KernelStats {
@@ -88,31 +30,29 @@ impl KernelStats {
     }
 }
 
-impl KernelHist {
-    /// `count`, then µs percentiles, max and mean (the shape the cross-check prints beside).
-    pub fn to_json(&self) -> serde_json::Value {
-        let s = self.stats();
-        let us = |ns: u64| ns as f64 / 1000.0;
-        serde_json::json!({
-            "count": self.count(),
-            "p50_us": us(s.p50_ns),
-            "p90_us": us(s.p90_ns),
-            "p99_us": us(s.p99_ns),
-            "p999_us": us(s.p999_ns),
-            "max_us": us(s.max_ns),
-            "mean_us": s.mean_ns / 1000.0,
-        })
-    }
+/// `count`, then µs percentiles, max and mean (the shape the cross-check prints beside).
+fn hist_json(h: &Hist) -> serde_json::Value {
+    let s = h.stats();
+    let us = |ns: u64| ns as f64 / 1000.0;
+    serde_json::json!({
+        "count": h.count(),
+        "p50_us": us(s.p50_ns),
+        "p90_us": us(s.p90_ns),
+        "p99_us": us(s.p99_ns),
+        "p999_us": us(s.p999_ns),
+        "max_us": us(s.max_ns),
+        "mean_us": s.mean_ns / 1000.0,
+    })
 }
 
 impl KernelStats {
     /// The `kernel` section of breakdown.json.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
-            "fsync": self.fsync.to_json(),
-            "runqueue": self.runqueue.to_json(),
-            "runqueue_after_wakeup": self.runqueue_after_wakeup.to_json(),
-            "runqueue_after_preemption": self.runqueue_after_preemption.to_json(),
+            "fsync": hist_json(&self.fsync),
+            "runqueue": hist_json(&self.runqueue),
+            "runqueue_after_wakeup": hist_json(&self.runqueue_after_wakeup),
+            "runqueue_after_preemption": hist_json(&self.runqueue_after_preemption),
         })
     }
 }
