@@ -6,12 +6,12 @@ use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::path::Path;
 
+use tracer::flame::trace_json::ThreadNames;
 use tracer::flame::{Bands, FlameSession, FlameSummary};
 use tracer::requests::{
     Hits, Holder, OffCpu, PARTS, Part, RequestRecord, Slice, StackSample, WaitCharge,
 };
 use tracer::symbolize::Symbolizer;
-use tracer::trace_json::ThreadNames;
 use tracer_ebpf::sites::Phase;
 
 #[inline(never)]

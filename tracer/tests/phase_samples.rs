@@ -11,11 +11,11 @@ use std::fs;
 
 use gateway::probe;
 use serde_json::Value;
+use tracer::flame::trace_json::ThreadNames;
 use tracer::flame::{Bands, FlameSession};
 use tracer::requests::synthetic::{Stream, assert_consistent};
 use tracer::requests::{Outcome, Part, RequestRecord};
 use tracer::symbolize::Symbolizer;
-use tracer::trace_json::ThreadNames;
 use tracer_ebpf::abi::{Event, kind};
 use tracer_ebpf::sites::Phase;
 use xorshift::Rng;

@@ -11,6 +11,7 @@ pub mod fold;
 pub mod phases;
 pub mod render;
 pub mod spill;
+pub mod trace_json;
 pub mod wait;
 
 use std::cmp::Reverse;
@@ -24,7 +25,7 @@ use serde_json::json;
 
 use crate::requests::RequestRecord;
 use crate::symbolize::{StackSource, Symbolizer};
-use crate::trace_json::{self, Group, ThreadNames, TraceSummary};
+use trace_json::{Group, ThreadNames, TraceSummary};
 
 use fold::{Folded, StackCounts};
 use phases::PhaseSamples;

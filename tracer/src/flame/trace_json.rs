@@ -20,7 +20,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::flame::SpilledRequest;
+use super::spill::SpilledRequest;
 use crate::requests::Part;
 
 /// Thread id → name.

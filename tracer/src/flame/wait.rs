@@ -22,10 +22,10 @@ use serde_json::{Value, json};
 
 use crate::requests::{Holder, Part, WriterWork};
 use crate::symbolize::{StackSource, Symbolizer};
-use crate::trace_json::ThreadNames;
 
 use super::fold::Folded;
 use super::spill::SpilledRequest;
+use super::trace_json::ThreadNames;
 
 /// Frames of a holder, `;`-separated.
 pub fn holder_frames(
