@@ -7,8 +7,9 @@ use anyhow::{Context, bail};
 use rusqlite::Connection;
 
 use crate::apikey;
-use crate::config::{Credential, PathTemplate, Scope, UpstreamUrl, token_header, vault_aad};
+use crate::config::{Credential, PathTemplate, Scope, token_header, vault_aad};
 use crate::secrets::MasterKey;
+use crate::upstream::UpstreamUrl;
 
 pub fn now_s() -> i64 {
     SystemTime::now()

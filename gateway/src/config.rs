@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use rusqlite::Connection;
 use serde_json::Value;
 
 use crate::secrets::Sealer;
-use crate::upstream::{Pool, Pools};
+use crate::upstream::{Pool, Pools, UpstreamUrl};
 
 pub struct Config {
     pub generation: i64,
@@ -189,43 +188,6 @@ fn percent_encode(s: &str, out: &mut String) {
         } else {
             let _ = write!(out, "%{b:02X}");
         }
-    }
-}
-
-/// An upstream base URL: `http://host:port[/base/path]` (plain HTTP only).
-pub struct UpstreamUrl {
-    pub authority: String,
-    pub addr: SocketAddr,
-    pub base_path: String,
-}
-
-impl UpstreamUrl {
-    pub fn parse(url: &str) -> anyhow::Result<UpstreamUrl> {
-        let rest = url
-            .strip_prefix("http://")
-            .with_context(|| format!("upstream {url:?} must start with http://"))?;
-        let (authority, base) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-            None => (rest, ""),
-        };
-        if authority.is_empty() {
-            bail!("upstream {url:?} has no host");
-        }
-        let with_port = if authority.contains(':') {
-            authority.to_owned()
-        } else {
-            format!("{authority}:80")
-        };
-        let addr = with_port
-            .to_socket_addrs()
-            .with_context(|| format!("resolving upstream {authority}"))?
-            .next()
-            .with_context(|| format!("upstream {authority} resolves to no address"))?;
-        Ok(UpstreamUrl {
-            authority: authority.to_owned(),
-            addr,
-            base_path: base.to_owned(),
-        })
     }
 }
 
@@ -412,14 +374,5 @@ mod tests {
         for bad in ["items", "/a/{", "/a/{}", "/a/}"] {
             assert!(PathTemplate::parse(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn upstream_urls() {
-        let u = UpstreamUrl::parse("http://127.0.0.1:9000/base/").expect("parse");
-        assert_eq!(u.authority, "127.0.0.1:9000");
-        assert_eq!(u.base_path, "/base");
-        assert!(UpstreamUrl::parse("https://127.0.0.1:1").is_err());
-        assert!(UpstreamUrl::parse("http:///x").is_err());
     }
 }

@@ -9,12 +9,13 @@
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::{self, Connection, SendRequest};
@@ -23,7 +24,42 @@ use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::config::UpstreamUrl;
+/// An upstream base URL: `http://host:port[/base/path]` (plain HTTP only).
+pub struct UpstreamUrl {
+    pub authority: String,
+    pub addr: SocketAddr,
+    pub base_path: String,
+}
+
+impl UpstreamUrl {
+    pub fn parse(url: &str) -> anyhow::Result<UpstreamUrl> {
+        let rest = url
+            .strip_prefix("http://")
+            .with_context(|| format!("upstream {url:?} must start with http://"))?;
+        let (authority, base) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        if authority.is_empty() {
+            bail!("upstream {url:?} has no host");
+        }
+        let with_port = if authority.contains(':') {
+            authority.to_owned()
+        } else {
+            format!("{authority}:80")
+        };
+        let addr = with_port
+            .to_socket_addrs()
+            .with_context(|| format!("resolving upstream {authority}"))?
+            .next()
+            .with_context(|| format!("upstream {authority} resolves to no address"))?;
+        Ok(UpstreamUrl {
+            authority: authority.to_owned(),
+            addr,
+            base_path: base.to_owned(),
+        })
+    }
+}
 
 /// Largest upstream response body accepted.
 const MAX_RESPONSE: usize = 8 << 20;
@@ -192,4 +228,18 @@ async fn drive<F: Future>(
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_urls() {
+        let u = UpstreamUrl::parse("http://127.0.0.1:9000/base/").expect("parse");
+        assert_eq!(u.authority, "127.0.0.1:9000");
+        assert_eq!(u.base_path, "/base");
+        assert!(UpstreamUrl::parse("https://127.0.0.1:1").is_err());
+        assert!(UpstreamUrl::parse("http:///x").is_err());
+    }
 }
