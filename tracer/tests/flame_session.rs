@@ -141,11 +141,14 @@ fn svg_text(dir: &Path, name: &str) -> String {
 
 /// Draws the pictures of the synthetic records into `dir`, with or without the wait-for view.
 fn draw(dir: &Path, wait_for: bool) -> FlameSummary {
+    draw_records(dir, wait_for, (0..REQUESTS).map(record).collect())
+}
+
+fn draw_records(dir: &Path, wait_for: bool, records: Vec<RequestRecord>) -> FlameSummary {
     let mut session = FlameSession::create(dir).unwrap();
     if wait_for {
         session = session.with_wait_for();
     }
-    let records: Vec<_> = (0..REQUESTS).map(record).collect();
     for r in &records {
         session.push(r).unwrap();
     }
@@ -281,20 +284,18 @@ fn a_session_writes_every_picture_with_real_frames() {
         wait.holders[0],
         ("other process · hog (pid 777)".to_owned(), 12_000)
     );
-    // wait_all stands on the uniform sample of requests, each charged 10 µs.
-    let sampled = (0..REQUESTS)
-        .filter(|i| tracer::requests::wait::in_uniform_sample(10_000 + i))
-        .count() as u64;
-    assert!(sampled > 0 && sampled < REQUESTS, "{sampled}");
+    // Every request had its waits charged (10 µs each), so wait_all covers all of them.
     let wait_all = summary.wait_all.unwrap();
+    assert!(summary.wait_all_every);
     assert_eq!(
         (wait_all.requests, wait_all.charged_ns),
-        (sampled, 10_000 * sampled)
+        (REQUESTS, 10_000 * REQUESTS)
     );
     let pictures: serde_json::Value =
         serde_json::from_slice(&fs::read(dir.path().join("pictures.json")).unwrap()).unwrap();
     assert_eq!(pictures["wait"]["scheduling_ns"], 20_000);
-    assert_eq!(pictures["wait_all"]["scheduling_ns"], 10_000 * sampled);
+    assert_eq!(pictures["wait_all"]["scheduling_ns"], 10_000 * REQUESTS);
+    assert_eq!(pictures["wait_all_of"], "every request");
     assert_eq!(pictures["wait"]["uncharged_requests"], 0);
 
     for folded in [
@@ -351,4 +352,30 @@ fn parse_xml(text: &str) -> Result<roxmltree::Document<'_>, roxmltree::Error> {
         ..Default::default()
     };
     roxmltree::Document::parse_with_options(text, options)
+}
+
+#[test]
+fn wait_all_stands_on_the_uniform_sample_when_not_every_request_was_charged() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every request but the tail's two lose their charges, as past the tracer's warm-up.
+    let records = (0..REQUESTS)
+        .map(|i| {
+            let mut r = record(i);
+            if i < REQUESTS - 2 && !tracer::requests::wait::in_uniform_sample(r.req_id) {
+                r.waits = None;
+            }
+            r
+        })
+        .collect();
+    let summary = draw_records(dir.path(), true, records);
+    let sampled = (0..REQUESTS)
+        .filter(|i| tracer::requests::wait::in_uniform_sample(10_000 + i))
+        .count() as u64;
+    assert!(sampled > 0 && sampled < REQUESTS, "{sampled}");
+    assert!(!summary.wait_all_every);
+    let wait_all = summary.wait_all.unwrap();
+    assert_eq!(
+        (wait_all.requests, wait_all.charged_ns),
+        (sampled, 10_000 * sampled)
+    );
 }

@@ -81,9 +81,12 @@ pub struct FlameSummary {
     pub tail_offcpu_ns: u64,
     /// The tail's wait-for view, when the session had it (`--wait-for`).
     pub wait: Option<WaitSummary>,
-    /// The same over the uniform sample of complete requests (`wait::in_uniform_sample`):
-    /// what requests wait behind in general.
+    /// The same over every complete request when each had its waits charged (a session
+    /// shorter than the tracer's warm-up), else over the uniform sample
+    /// (`wait::in_uniform_sample`): what requests wait behind in general.
     pub wait_all: Option<WaitSummary>,
+    /// Whether `wait_all` covers every complete request rather than the uniform sample.
+    pub wait_all_every: bool,
     /// The sampled per-phase split of each band's on-CPU samples.
     pub phases: BandPhases,
     pub trace: TraceSummary,
@@ -143,7 +146,9 @@ impl FlameSession {
     ) -> Result<FlameSummary> {
         let mut all = StackCounts::default();
         let mut tail_wait = WaitCounts::default();
-        let mut all_wait = WaitCounts::default();
+        let mut sample_wait = WaitCounts::default();
+        let mut every_wait = WaitCounts::default();
+        let mut charged = 0u64;
         let mut tail = StackCounts::default();
         let mut median = StackCounts::default();
         let mut tail_off = StackCounts::default();
@@ -165,8 +170,12 @@ impl FlameSession {
             summary.requests += 1;
             summary.all_samples += req.samples.len() as u64;
             all.add_samples(&req);
+            if req.waits.is_some() {
+                charged += 1;
+                every_wait.add(&req);
+            }
             if crate::requests::wait::in_uniform_sample(req.req_id) {
-                all_wait.add(&req);
+                sample_wait.add(&req);
             }
             if bands.is_tail(overhead) {
                 summary.tail_requests += 1;
@@ -278,6 +287,14 @@ impl FlameSession {
                 },
             )?;
             summary.wait = Some(wait);
+            // A short session charges every request: then all of them are the fairer sample
+            // (a 1-in-16 sample of a few hundred requests can be empty).
+            summary.wait_all_every = charged == summary.requests;
+            let all_wait = if summary.wait_all_every {
+                every_wait
+            } else {
+                sample_wait
+            };
             summary.wait_all = Some(all_wait.summary(threads, tasks));
         }
         fs::write(
@@ -423,6 +440,7 @@ fn summary_json(s: &FlameSummary, bands: &Bands, sample_hz: Option<u64>) -> Stri
         "all_samples": s.all_samples,
         "wait": s.wait.as_ref().map(WaitSummary::to_json),
         "wait_all": s.wait_all.as_ref().map(WaitSummary::to_json),
+        "wait_all_of": s.wait_all.as_ref().map(|_| if s.wait_all_every { "every request" } else { "a uniform 1-in-16 sample" }),
         "phase_samples": { "sample_hz": sample_hz, "tail": phases_json(&s.phases.tail),
                            "median": phases_json(&s.phases.median), "all": phases_json(&s.phases.all) },
         "trace": { "slowest_req_ids": s.slowest_ids, "median_req_ids": s.median_ids,
