@@ -49,14 +49,14 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use tracer_ebpf::abi::{Event, kind, switch, syscall};
 use tracer_ebpf::sites::{Phase, Site};
 
+use super::cover::{Cover, Piece};
 use super::cpus::CpuLog;
 use super::kernel::KernelStats;
-use super::record::{Hits, Incomplete, Outcome, Part, RequestRecord, StackSample};
+use super::ledger::WriterLog;
+use super::outcome::{Hits, Incomplete, Outcome, Part, RequestRecord, StackSample};
 use super::sockets::Sockets;
 use super::threads::{RunState, SchedEv, Threads};
-use super::timeline::{Piece, Timeline};
 use super::wait::{self, Activity, Selection, Sources};
-use super::writer::WriterLog;
 
 /// How long (event time) an outcome is held back for a late loss report.
 pub const HOLD_NS: u64 = 1_000_000_000;
@@ -800,7 +800,7 @@ impl Rebuilder {
         } else {
             (Part::OnCpu, Part::OnCpu)
         };
-        let mut tl = Timeline::default();
+        let mut tl = Cover::default();
         tl.push(Piece::new(t_arrive, req.read_enter, Part::Scheduling, 0));
         self.split(
             &mut tl,
@@ -876,7 +876,7 @@ impl Rebuilder {
 
     /// The writer's signing and fsync in `[e, d)` that ran while a poll of the request was open
     /// but its thread off CPU (see the module notes), painted over those off-CPU pieces.
-    fn receipt_work_in_polls(&self, tl: &mut Timeline, req: &OpenRequest, e: u64, d: u64, w: u32) {
+    fn receipt_work_in_polls(&self, tl: &mut Cover, req: &OpenRequest, e: u64, d: u64, w: u32) {
         for poll in &req.polls {
             let (a, b) = (poll.enter.max(e), poll.exit.min(d));
             if a >= b {
@@ -900,7 +900,7 @@ impl Rebuilder {
     /// Thread-state split of `[a, b)` on `tid`; on-CPU time goes to `Cpu(phase)`.
     fn split(
         &self,
-        tl: &mut Timeline,
+        tl: &mut Cover,
         tid: u32,
         a: u64,
         b: u64,
@@ -925,7 +925,7 @@ impl Rebuilder {
     }
 
     /// On-CPU `[a, b)`, cut at the request's phase changes inside it.
-    fn cpu_pieces(&self, tl: &mut Timeline, tid: u32, a: u64, b: u64, on_cpu: OnCpu<'_>) {
+    fn cpu_pieces(&self, tl: &mut Cover, tid: u32, a: u64, b: u64, on_cpu: OnCpu<'_>) {
         let mut start = a;
         let mut part = on_cpu.at(a);
         if let OnCpu::Phases(phases) = on_cpu {
@@ -943,13 +943,7 @@ impl Rebuilder {
     }
 
     /// A gap between two polls: explained by what the request was waiting on.
-    fn gap(
-        &self,
-        tl: &mut Timeline,
-        req: &OpenRequest,
-        gs: u64,
-        ge: u64,
-    ) -> Result<(), &'static str> {
+    fn gap(&self, tl: &mut Cover, req: &OpenRequest, gs: u64, ge: u64) -> Result<(), &'static str> {
         let clamp = |t: u64| t.clamp(gs, ge);
         if let Some(e) = req.enqueue.filter(|&e| e <= gs) {
             let (d, w) = req.durable.ok_or("receipt durable not seen")?;
@@ -984,7 +978,7 @@ impl Rebuilder {
 
     /// Fsync time charged to a waiting request, with the writer's switch-outs inside it as
     /// off-CPU charges.
-    fn fsync_pieces(&self, tl: &mut Timeline, tid: u32, a: u64, b: u64) {
+    fn fsync_pieces(&self, tl: &mut Cover, tid: u32, a: u64, b: u64) {
         match self.threads.split(tid, a, b, false) {
             Ok(segs) => {
                 for seg in segs {

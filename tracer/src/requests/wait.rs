@@ -21,9 +21,9 @@ use std::collections::{HashMap, VecDeque};
 use tracer_ebpf::sites::Phase;
 
 use super::cpus::{CpuLog, Runner, keep_last_before};
-use super::record::{Part, Slice};
+use super::ledger::WriterLog;
+use super::outcome::{Part, Slice};
 use super::threads::{RunState, Threads};
-use super::writer::WriterLog;
 
 /// What the ledger writer was doing on CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -2,9 +2,9 @@
 //! span) is painted on top, and the result is checked to cover `[t_arrive, t_done)` exactly
 //! before parts are summed from it, so the parts sum to the total by construction.
 
-use super::record::{OffCpu, PARTS, Part, Slice};
+use super::outcome::{OffCpu, PARTS, Part, Slice};
 
-/// A piece of a request's timeline. `off`: the switch-out that made this piece off-CPU
+/// A piece of a request's cover. `off`: the switch-out that made this piece off-CPU
 /// (tid, kernel stack, user stack), so it can be charged as an [`OffCpu`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Piece {
@@ -28,7 +28,7 @@ impl Piece {
 }
 
 #[derive(Default)]
-pub(crate) struct Timeline {
+pub(crate) struct Cover {
     pieces: Vec<Piece>,
 }
 
@@ -38,7 +38,7 @@ pub(crate) struct Built {
     pub offcpu: Vec<OffCpu>,
 }
 
-impl Timeline {
+impl Cover {
     pub(crate) fn push(&mut self, piece: Piece) {
         if piece.end > piece.start {
             self.pieces.push(piece);
@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn overlay_cuts_and_build_sums() {
-        let mut t = Timeline::default();
+        let mut t = Cover::default();
         t.push(Piece::new(0, 10, Part::Scheduling, 0));
         t.push(Piece::new(10, 30, Part::BlockedOther, 0));
         t.push(Piece::new(30, 40, Part::Scheduling, 0));
@@ -190,7 +190,7 @@ mod tests {
 
     #[test]
     fn overlay_where_paints_only_accepted_pieces() {
-        let mut t = Timeline::default();
+        let mut t = Cover::default();
         t.push(Piece::new(10, 20, Part::Cpu(Phase::ReceiptWait), 1));
         t.push(Piece::new(20, 30, Part::Scheduling, 1));
         t.push(Piece::new(30, 40, Part::Cpu(Phase::ReceiptWait), 1));
@@ -216,7 +216,7 @@ mod tests {
 
     #[test]
     fn a_gap_is_refused() {
-        let mut t = Timeline::default();
+        let mut t = Cover::default();
         t.push(Piece::new(0, 10, Part::Scheduling, 0));
         t.push(Piece::new(11, 20, Part::Scheduling, 0));
         assert!(t.build(0, 20).is_err());

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::record::{Hits, Part};
+use super::outcome::{Hits, Part};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Interval {
