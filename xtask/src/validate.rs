@@ -391,8 +391,11 @@ fn mode_cost(
     let mut probe_ns = 0.0;
     for (kind, cal) in kinds.iter().chain(&[("samples", "")]) {
         let per_request = f(hits.iter().map(|h| &h[*kind]).collect());
-        if !cal.is_empty() {
-            probe_ns += per_request * calibration["ns_per_hit"][*cal].as_f64().unwrap_or(f64::NAN);
+        // An unmeasured kind (null) is left out of the sum, as the calibration's own is.
+        if let Some(ns_per_hit) = calibration["ns_per_hit"][*cal].as_f64() {
+            probe_ns += per_request * ns_per_hit;
+        } else if !cal.is_empty() && !calibration["ns_per_hit"].is_object() {
+            probe_ns = f64::NAN;
         }
         hits_json.insert((*kind).to_owned(), json!(per_request));
     }
@@ -409,6 +412,7 @@ fn mode_cost(
         "windows_per_arm": windows.len() / 2,
         "hits_per_request": hits_json,
         "probe_ns_per_request": probe_ns,
+        "probe_ns_per_request_leaves_out": calibration["unmeasured"],
         "bpf_ns_per_request": bpf_ns_per_request,
         "gateway_cpu_us_per_request": {"untraced": untraced, "traced": traced},
         "cpu_ratio": traced / untraced,
