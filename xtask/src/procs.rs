@@ -45,8 +45,9 @@ impl Executables {
 }
 
 /// `cargo build --release ARGS`, reading the executables' paths from cargo's JSON messages
-/// (so `CARGO_TARGET_DIR` and config are honoured). Cargo's own lines pass through but its
-/// closing `Finished`: a build with nothing to do prints nothing.
+/// (so `CARGO_TARGET_DIR` and config are honoured). Cargo's own lines go to a log under
+/// `target/xtask-logs/`: a build prints one line when it starts compiling (one with nothing to
+/// do prints nothing), and a failed one quotes the log's end.
 pub fn cargo_build_release(args: &[&str]) -> anyhow::Result<Executables> {
     cargo_build_release_in(&workspace_root(), None, args)
 }
@@ -57,6 +58,18 @@ pub fn cargo_build_release_in(
     target_dir: Option<&Path>,
     args: &[&str],
 ) -> anyhow::Result<Executables> {
+    let packages: Vec<&str> = args
+        .iter()
+        .copied()
+        .filter(|arg| !arg.starts_with('-'))
+        .collect();
+    let log = crate::setup::log_dir()?.join(format!("build-{}.log", packages.join("-")));
+    let mut log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let announce = format!(
+        "xtask: building release binaries ({}; a first build takes minutes); log: {}",
+        packages.join(", "),
+        log.display()
+    );
     let mut command = Command::new(env!("CARGO"));
     if let Some(target_dir) = target_dir {
         command.env("CARGO_TARGET_DIR", target_dir);
@@ -72,10 +85,13 @@ pub fn cargo_build_release_in(
         .context("running cargo build")?;
     let stderr = child.stderr.take().context("cargo's stderr")?;
     let relay = std::thread::spawn(move || {
+        let mut announced = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !line.trim_start().starts_with("Finished") {
-                eprintln!("{line}");
+            if !announced && line.trim_start().starts_with("Compiling") {
+                eprintln!("{announce}");
+                announced = true;
             }
+            let _ = writeln!(log_file, "{line}");
         }
     });
     let mut stdout = Vec::new();
@@ -89,8 +105,10 @@ pub fn cargo_build_release_in(
     let _ = relay.join();
     ensure!(
         status.success(),
-        "cargo build --release {} failed ({status})",
-        args.join(" ")
+        "cargo build --release {} failed ({status}); the end of {}:\n{}",
+        args.join(" "),
+        log.display(),
+        crate::setup::log_tail(&log, 40)
     );
     Ok(Executables(
         stdout
@@ -279,16 +297,11 @@ impl Proc {
 
     /// The end of its log, for error messages.
     pub fn log_tail(&self) -> String {
-        let mut text = String::new();
-        if let Ok(mut file) = File::open(&self.log) {
-            let _ = file.read_to_string(&mut text);
-        }
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = lines[lines.len().saturating_sub(15)..].join("\n    ");
+        let tail = crate::setup::log_tail(&self.log, 15);
         if tail.is_empty() {
             String::new()
         } else {
-            format!("\n  {} ({}):\n    {tail}", self.name, self.log.display())
+            format!("\n  {} ({}):\n{tail}", self.name, self.log.display())
         }
     }
 
