@@ -89,9 +89,13 @@ fn llvm_dev(verbose: bool) -> anyhow::Result<()> {
 /// `apt-get update` and retries once when it fails: a fresh image often has no package lists.
 pub fn apt_install(packages: &[&str], recommends: bool) -> anyhow::Result<()> {
     let list = packages.join(" ");
+    let runner = crate::privilege::Runner::detect();
+    // `env` sets the variable after sudo, whose env_reset would drop it.
     let apt_get = |args: &[&str]| {
-        let mut command = Command::new("apt-get");
-        command.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+        let mut command = runner.command("env");
+        command
+            .args(["DEBIAN_FRONTEND=noninteractive", "apt-get"])
+            .args(args);
         command
     };
     let install = || {

@@ -429,11 +429,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("xtask: wrote {}", readme.display());
         return Ok(());
     }
-    // SAFETY: geteuid has no preconditions.
-    ensure!(
-        unsafe { libc::geteuid() } == 0,
-        "cargo xtask validate attaches eBPF programs: run it as root"
-    );
+    crate::privilege::Runner::detect().authorize("cargo xtask validate")?;
     crate::setup::ensure()?;
     let started = Instant::now();
     let (duration, window, loss_s, soak) = if args.quick {
@@ -504,7 +500,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "accuracy",
         &["--raw-events", &path_arg(&raw), "--bpf-stats"],
     )?;
-    pinning.push(json!({"process": "tracer", "asked": args.placement.load_cpus, "applied": traced.tracer.proc.cpus_allowed()?}));
+    pinning.push(json!({"process": "tracer", "asked": args.placement.load_cpus, "applied": traced.tracer.cpus_allowed()?}));
     let client_csv = work.path().join("accuracy-client.csv");
     let accuracy_load =
         bench.open_loop(rate, duration, &["--requests-out", &path_arg(&client_csv)]);
@@ -643,19 +639,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // The forced-loss run stops the tracer's reader for a while: the kernel keeps
         // writing into the small ring until it is full, then counts every failed reserve.
         let stall = (!extra.is_empty()).then(|| {
-            let (pid, after) = (
-                traced.tracer.proc.pid(),
+            let (signal, after) = (
+                traced.tracer.signaller(),
                 Duration::from_secs_f64(loss_s / 3.0),
             );
             let stall = Duration::from_secs_f64(args.forced_stall);
             std::thread::spawn(move || {
                 std::thread::sleep(after);
-                // SAFETY: signalling our own child, not reaped (the main thread stops it only
-                // after the load has run, and this thread ends well before).
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) };
+                // Our own tracer, not reaped: the main thread stops it only after the load has
+                // run, and this thread ends well before.
+                if let Err(err) = signal(libc::SIGSTOP) {
+                    eprintln!("xtask: stalling the tracer: {err:#}");
+                }
                 std::thread::sleep(stall);
-                // SAFETY: as above.
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+                if let Err(err) = signal(libc::SIGCONT) {
+                    eprintln!("xtask: resuming the tracer: {err:#}");
+                }
             })
         });
         let load = bench.open_loop(
@@ -697,8 +696,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let samples = Arc::new(Mutex::new(Vec::new()));
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = {
-        let (samples, sampling, pid) =
-            (samples.clone(), sampling.clone(), traced.tracer.proc.pid());
+        let (samples, sampling, pid) = (samples.clone(), sampling.clone(), traced.tracer.pid());
         std::thread::spawn(move || {
             let t0 = Instant::now();
             let mut next = Duration::ZERO;
@@ -717,8 +715,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         })
     };
     let soak_load = bench.open_loop(rate, soak, &[]);
-    let peak_rss_kib = procstat::status_kib(traced.tracer.proc.pid(), "VmHWM");
-    let cpu_at_end = procstat::cpu_seconds(traced.tracer.proc.pid());
+    let peak_rss_kib = procstat::status_kib(traced.tracer.pid(), "VmHWM");
+    let cpu_at_end = procstat::cpu_seconds(traced.tracer.pid());
     sampling.store(false, Ordering::SeqCst);
     let _ = sampler.join();
     let (soak_breakdown, _) = traced.stop()?;
