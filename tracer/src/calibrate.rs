@@ -913,15 +913,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn per_request_is_hits_times_cost() {
-        let hits = HitsPerRequest {
+    fn hits() -> HitsPerRequest {
+        HitsPerRequest {
             sites: 20.0,
             syscalls: 6.0,
             sock: 2.5,
             sched: 4.0,
             samples: 1.0,
-        };
+        }
+    }
+
+    #[test]
+    fn per_request_is_hits_times_cost() {
+        let hits = hits();
         let p = calibration().per_request(&hits);
         assert_eq!(
             (p.sites, p.syscalls, p.sock, p.sched),
@@ -964,13 +968,7 @@ mod tests {
 
     #[test]
     fn a_negative_median_is_unmeasured_and_left_out_of_the_sum() {
-        let hits = HitsPerRequest {
-            sites: 20.0,
-            syscalls: 6.0,
-            sock: 2.5,
-            sched: 4.0,
-            samples: 1.0,
-        };
+        let hits = hits();
         let mut noisy = calibration();
         // A busy neighbour: the traced arm came out faster in the median round.
         noisy.sock = KindCost::from_rounds(vec![
