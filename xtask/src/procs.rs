@@ -60,10 +60,11 @@ pub fn cargo_build_release_in(
     target_dir: Option<&Path>,
     args: &[&str],
 ) -> anyhow::Result<Executables> {
+    // The `-p` packages name the log.
     let packages: Vec<&str> = args
-        .iter()
-        .copied()
-        .filter(|arg| !arg.starts_with('-'))
+        .windows(2)
+        .filter(|pair| pair[0] == "-p")
+        .map(|pair| pair[1])
         .collect();
     let log = crate::setup::log_dir()?.join(format!("build-{}.log", packages.join("-")));
     let mut log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
