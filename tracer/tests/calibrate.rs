@@ -49,9 +49,10 @@ fn every_kind_gets_a_positive_finite_cost() {
         let calibration = calibrate::run(&plan).expect("calibration");
         for (i, (name, cost)) in kinds(&calibration).into_iter().enumerate() {
             eprintln!(
-                "attempt {attempt}: {name} {:?} ns per hit (rounds {:.1}..{:.1}, untraced \
+                "attempt {attempt}: {name} {} ns per hit (rounds {:.1}..{:.1}, untraced \
                  {:.1} ns per loop unit, {:.2} hits per unit)",
-                cost.ns_per_hit,
+                cost.ns_per_hit
+                    .map_or_else(|| "unmeasured".to_owned(), |ns| format!("{ns:.1}")),
                 cost.min_ns,
                 cost.max_ns,
                 cost.untraced_ns_per_unit,
