@@ -257,6 +257,8 @@ mod tests {
     /// The throwaway user's side of [`a_user_runs_only_the_tracer_as_root`].
     const USER_SIDE: &str = "privilege::tests::user_side_of_the_sudo_test";
     const DIR_VAR: &str = "XTASK_SUDO_TEST_DIR";
+    /// Set when the user's side runs in a terminal.
+    const TERMINAL_VAR: &str = "XTASK_SUDO_TEST_TERMINAL";
 
     #[test]
     #[ignore = "run as a throwaway user by a_user_runs_only_the_tracer_as_root"]
@@ -280,6 +282,15 @@ mod tests {
             tracer.proc.pid(),
             "the tracer runs under sudo"
         );
+        // In a terminal, sudo's monitor process sits between sudo and the tracer.
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", tracer.pid())).unwrap();
+        let (_, parent) = crate::procstat::parse_comm_ppid(&stat).unwrap();
+        let terminal = std::env::var_os(TERMINAL_VAR).is_some();
+        assert_eq!(
+            parent == tracer.proc.pid(),
+            !terminal,
+            "terminal: {terminal}"
+        );
         tracer.stop().unwrap();
     }
 
@@ -294,6 +305,18 @@ mod tests {
             return;
         }
         let user = ThrowawayUser::create();
+        // Debian's sudoers has `use_pty`: in a terminal the tracer runs below sudo's monitor
+        // process, on a pty of its own. `script` gives the user's side a terminal.
+        for terminal in [false, true] {
+            if terminal && crate::setup::find_in_path("script").is_none() {
+                eprintln!("SKIPPED the terminal case: no `script` (util-linux)");
+                continue;
+            }
+            user_side_as(&user, terminal);
+        }
+    }
+
+    fn user_side_as(user: &ThrowawayUser, terminal: bool) {
         let dir = tempfile::tempdir().unwrap();
         let script = "#!/bin/sh\n\
             out=\"$3\"\n\
@@ -306,22 +329,31 @@ mod tests {
         std::fs::write(&tracer, script).unwrap();
         std::fs::set_permissions(&tracer, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        std::os::unix::fs::chown(dir.path(), Some(user.uid), Some(user.uid)).unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(user.uid), Some(user.gid)).unwrap();
 
-        let status = Command::new("setpriv")
-            .args([
-                "--reuid",
-                &user.uid.to_string(),
-                "--regid",
-                &user.uid.to_string(),
-            ])
-            .args(["--clear-groups", "--"])
-            .arg(std::env::current_exe().unwrap())
-            .args(["--exact", USER_SIDE, "--ignored", "--nocapture"])
-            .env(DIR_VAR, dir.path())
-            .status()
-            .unwrap();
-        assert!(status.success(), "the user's side failed ({status})");
+        let line = format!(
+            "setpriv --reuid {} --regid {} --clear-groups -- {} --exact {USER_SIDE} --ignored \
+             --nocapture",
+            user.uid,
+            user.gid,
+            std::env::current_exe().unwrap().display()
+        );
+        let mut command = if terminal {
+            let mut command = Command::new("script");
+            command
+                .args(["-qec", &line, "/dev/null"])
+                .env(TERMINAL_VAR, "1");
+            command
+        } else {
+            let mut command = Command::new("sh");
+            command.args(["-c", &line]);
+            command
+        };
+        let status = command.env(DIR_VAR, dir.path()).status().unwrap();
+        assert!(
+            status.success(),
+            "the user's side failed ({status}), terminal: {terminal}"
+        );
 
         let out = dir.path().join("out");
         assert_eq!(
@@ -345,6 +377,7 @@ mod tests {
     struct ThrowawayUser {
         name: String,
         uid: u32,
+        gid: u32,
         sudoers: PathBuf,
     }
 
@@ -362,10 +395,18 @@ mod tests {
                 .status()
                 .unwrap();
             assert!(status.success(), "useradd {name}");
-            let id = Command::new("id").args(["-u", &name]).output().unwrap();
-            let uid = String::from_utf8_lossy(&id.stdout).trim().parse().unwrap();
+            let id = |flag: &str| -> u32 {
+                let out = Command::new("id").args([flag, &name]).output().unwrap();
+                String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+            };
+            let (uid, gid) = (id("-u"), id("-g"));
             let sudoers = PathBuf::from(format!("/etc/sudoers.d/{name}"));
-            let user = ThrowawayUser { name, uid, sudoers };
+            let user = ThrowawayUser {
+                name,
+                uid,
+                gid,
+                sudoers,
+            };
             std::fs::write(
                 &user.sudoers,
                 format!("{} ALL=(root) NOPASSWD: ALL\n", user.name),
