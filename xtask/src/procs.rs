@@ -604,6 +604,39 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_build_quotes_cargos_output_from_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = "xtask-quiet-build-test";
+        fs::write(
+            dir.path().join("Cargo.toml"),
+            format!("[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2024\"\n"),
+        )
+        .unwrap();
+        fs::create_dir(dir.path().join("src")).unwrap();
+        fs::write(
+            dir.path().join("src/main.rs"),
+            "fn main() { undefined_thing(); }\n",
+        )
+        .unwrap();
+        let target = dir.path().join("target");
+        let err = cargo_build_release_in(dir.path(), Some(&target), &["-p", name])
+            .err()
+            .expect("the crate does not compile");
+        let text = format!("{err:#}");
+        let log = crate::setup::log_dir()
+            .unwrap()
+            .join(format!("build-{name}.log"));
+        assert!(text.contains(&log.display().to_string()), "{text}");
+        assert!(
+            text.contains("undefined_thing"),
+            "rustc's error is quoted: {text}"
+        );
+        let kept = fs::read_to_string(&log).unwrap();
+        assert!(kept.contains("Compiling xtask-quiet-build-test"), "{kept}");
+        fs::remove_file(&log).unwrap();
+    }
+
+    #[test]
     fn taskset_pinning_is_applied_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let proc = sleeper(Some("0"), dir.path());
