@@ -419,8 +419,11 @@ impl TracerProc {
     /// SIGINT (the tracer's Ctrl-C: drain, detach, report), then waits for it to write its
     /// files and hands them to the user; fails unless it exits successfully.
     pub fn stop(&mut self) -> anyhow::Result<()> {
-        self.runner.kill(self.pid, libc::SIGINT)?;
-        let status = self.proc.wait_timeout(TRACER_FINISH_TIMEOUT)?;
+        let status = match self.runner.kill(self.pid, libc::SIGINT) {
+            Ok(()) => self.proc.wait_timeout(TRACER_FINISH_TIMEOUT)?,
+            // Already gone (its target exited, say): its exit status tells how it went.
+            Err(err) => self.proc.wait_timeout(STOP_GRACE).map_err(|_| err)?,
+        };
         let handed_back = match &self.out {
             Some(out) => self.runner.hand_back(out),
             None => Ok(()),
