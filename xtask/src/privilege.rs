@@ -294,15 +294,18 @@ mod tests {
         tracer.stop().unwrap();
     }
 
-    /// Root only, with sudo installed (`apt-get install sudo`): a throwaway user with
+    /// Root only (sudo is installed with apt-get when missing): a throwaway user with
     /// password-less sudo starts a stand-in tracer the way profile and validate do. The tracer
     /// runs as root, xtask as the user, and the tracer's files end up the user's.
     #[test]
     fn a_user_runs_only_the_tracer_as_root() {
         // SAFETY: no preconditions.
-        if unsafe { libc::geteuid() } != 0 || crate::setup::find_in_path("sudo").is_none() {
-            eprintln!("SKIPPED a_user_runs_only_the_tracer_as_root: needs root and sudo");
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED a_user_runs_only_the_tracer_as_root: needs root (useradd)");
             return;
+        }
+        if crate::setup::find_in_path("sudo").is_none() {
+            crate::setup::apt_install(&["sudo"], false).expect("installing sudo");
         }
         let user = ThrowawayUser::create();
         // Debian's sudoers has `use_pty`: in a terminal the tracer runs below sudo's monitor
