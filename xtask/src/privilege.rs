@@ -1,7 +1,9 @@
 //! Root only where it is needed. xtask builds and runs everything as whoever ran it; the one
 //! step that needs root (the tracer: eBPF programs, uprobes, perf events) goes through
 //! `sudo` when that user is not root, the way aya's template runs its binary through a
-//! `sudo -E` runner. Run as root (CI, a VM), nothing changes.
+//! `sudo -E` runner (without `-E`: the tracer needs none of the user's environment, and its
+//! path is absolute, so sudo's secure_path does not matter). Run as root (CI, a VM), nothing
+//! changes.
 //!
 //! Under sudo the tracer writes its files as root: after it stops, whatever in its output
 //! directory is not the user's is handed back (`sudo chown -R`).
