@@ -8,8 +8,11 @@
 //! CPU 1. A round's time is its lower-quartile chunk (of 20..200 loop units) scaled to the
 //! loop, so chunks in which another task ran do not count. Round i's cost per hit = (traced −
 //! untraced ns per loop unit) × traced units / events the traced round wrote; the reported
-//! cost is the median round, flagged `noisy` when the rounds spread over half of it. A busy
-//! CPU makes every figure rough (other tasks' cache and TLB traffic land in both arms).
+//! cost is the median round, flagged `noisy` when the rounds spread over half of it. A median
+//! at or below zero (the traced arm ran faster: another task swamped the rounds) measures
+//! nothing: that kind is `unmeasured`, its rounds' range kept for the record, and it is left out
+//! of the probe time per request. A busy CPU makes every figure rough (other tasks' cache and
+//! TLB traffic land in both arms).
 //! Includes what the target pays for the hook itself: the uprobe trap, and the syscall slow
 //! path that any attached syscall tracepoint turns on.
 //!
@@ -140,7 +143,9 @@ impl Round {
 #[derive(Clone, Debug, PartialEq)]
 pub struct KindCost {
     pub rounds: Vec<Round>,
-    pub ns_per_hit: f64,
+    /// The median round's cost; `None` (unmeasured) when that is not above zero, since a probe
+    /// cannot make its target faster.
+    pub ns_per_hit: Option<f64>,
     pub min_ns: f64,
     pub max_ns: f64,
     /// Median untraced ns per loop unit, for scale.
@@ -160,8 +165,9 @@ impl KindCost {
             .iter()
             .map(|r| r.events as f64 / r.traced.units.max(1) as f64)
             .collect();
+        let median_cost = median(&costs);
         Ok(KindCost {
-            ns_per_hit: median(&costs),
+            ns_per_hit: (median_cost > 0.0 && median_cost.is_finite()).then_some(median_cost),
             min_ns: costs.iter().copied().fold(f64::INFINITY, f64::min),
             max_ns: costs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             untraced_ns_per_unit: median(&untraced),
@@ -171,9 +177,25 @@ impl KindCost {
     }
 
     /// Rounds disagree by more than half the median: the machine was busy, so the figure is a
-    /// rough one (said next to it, never hidden).
+    /// rough one (said next to it, never hidden). An unmeasured kind has no figure to flag.
     pub fn is_noisy(&self) -> bool {
-        self.max_ns - self.min_ns > 0.5 * self.ns_per_hit.abs()
+        self.ns_per_hit
+            .is_some_and(|ns| self.max_ns - self.min_ns > 0.5 * ns)
+    }
+
+    /// `sched 41`, `sched 41 (noisy: rounds 40..90)` or `sock unmeasured (rounds -290..1841)`.
+    fn label(&self, name: &str) -> String {
+        match self.ns_per_hit {
+            None => format!(
+                "{name} unmeasured (rounds {:.0}..{:.0})",
+                self.min_ns, self.max_ns
+            ),
+            Some(ns) if self.is_noisy() => format!(
+                "{name} {ns:.0} (noisy: rounds {:.0}..{:.0})",
+                self.min_ns, self.max_ns
+            ),
+            Some(ns) => format!("{name} {ns:.0}"),
+        }
     }
 }
 
@@ -229,28 +251,48 @@ pub struct Calibration {
     pub sched: KindCost,
 }
 
-/// Probe ns added to a mean request, per kind: hits × ns per hit.
+/// Probe ns added to a mean request, per kind: hits × ns per hit; `None` for an unmeasured
+/// kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PerRequest {
-    pub sites: f64,
-    pub syscalls: f64,
-    pub sock: f64,
-    pub sched: f64,
+    pub sites: Option<f64>,
+    pub syscalls: Option<f64>,
+    pub sock: Option<f64>,
+    pub sched: Option<f64>,
 }
 
 impl PerRequest {
+    fn kinds(&self) -> [(&'static str, Option<f64>); 4] {
+        [
+            ("sites", self.sites),
+            ("syscalls", self.syscalls),
+            ("sock", self.sock),
+            ("sched", self.sched),
+        ]
+    }
+
+    /// The measured kinds' sum: an unmeasured kind is left out, not counted as zero.
     pub fn total(&self) -> f64 {
-        self.sites + self.syscalls + self.sock + self.sched
+        self.kinds().iter().filter_map(|(_, ns)| *ns).sum()
+    }
+
+    /// The kinds [`PerRequest::total`] leaves out.
+    pub fn left_out(&self) -> Vec<&'static str> {
+        self.kinds()
+            .iter()
+            .filter(|(_, ns)| ns.is_none())
+            .map(|(name, _)| *name)
+            .collect()
     }
 }
 
 impl Calibration {
     pub fn per_request(&self, hits: &HitsPerRequest) -> PerRequest {
         PerRequest {
-            sites: hits.sites * self.site.ns_per_hit,
-            syscalls: hits.syscalls * self.syscall.ns_per_hit,
-            sock: hits.sock * self.sock.ns_per_hit,
-            sched: hits.sched * self.sched.ns_per_hit,
+            sites: self.site.ns_per_hit.map(|ns| hits.sites * ns),
+            syscalls: self.syscall.ns_per_hit.map(|ns| hits.syscalls * ns),
+            sock: self.sock.ns_per_hit.map(|ns| hits.sock * ns),
+            sched: self.sched.ns_per_hit.map(|ns| hits.sched * ns),
         }
     }
 
@@ -271,11 +313,16 @@ impl Calibration {
         let mut spread = serde_json::Map::new();
         let mut untraced = serde_json::Map::new();
         let mut noisy = Vec::new();
+        let mut unmeasured = Vec::new();
         let mut rounds = serde_json::Map::new();
         for (name, cost) in self.kinds() {
-            ns_per_hit.insert(name.to_owned(), json!(round1(cost.ns_per_hit)));
+            // null, never a negative figure, for an unmeasured kind.
+            ns_per_hit.insert(name.to_owned(), json!(cost.ns_per_hit.map(round1)));
             if cost.is_noisy() {
                 noisy.push(name);
+            }
+            if cost.ns_per_hit.is_none() {
+                unmeasured.push(name);
             }
             rounds.insert(name.to_owned(), json!(cost.rounds.len()));
             spread.insert(
@@ -295,13 +342,15 @@ impl Calibration {
             "ns_per_hit_min_max": spread,
             "untraced_ns_per_loop": untraced,
             "noisy": noisy,
+            "unmeasured": unmeasured,
             "probe_ns_per_request": round1(per_request.total()),
             "probe_ns_per_request_by_kind": {
-                "sites": round1(per_request.sites),
-                "syscalls": round1(per_request.syscalls),
-                "sock": round1(per_request.sock),
-                "sched": round1(per_request.sched),
+                "sites": per_request.sites.map(round1),
+                "syscalls": per_request.syscalls.map(round1),
+                "sock": per_request.sock.map(round1),
+                "sched": per_request.sched.map(round1),
             },
+            "probe_ns_per_request_leaves_out": per_request.left_out(),
             "not_included": "cpu-clock samples; filter-only runs in other tasks",
             "note": "a ledger batch's writer hits are charged once, to its first durable \
                      request, so the mean over requests is the probe time per request",
@@ -313,29 +362,27 @@ impl Calibration {
         let costs: Vec<String> = self
             .kinds()
             .iter()
-            .map(|(name, cost)| {
-                if cost.is_noisy() {
-                    format!(
-                        "{name} {:.0} (noisy: rounds {:.0}..{:.0})",
-                        cost.ns_per_hit, cost.min_ns, cost.max_ns
-                    )
-                } else {
-                    format!("{name} {:.0}", cost.ns_per_hit)
-                }
-            })
+            .map(|(name, cost)| cost.label(name))
             .collect();
         let p = self.per_request(hits);
+        let terms: Vec<String> = p
+            .kinds()
+            .iter()
+            .filter_map(|(name, ns)| Some(format!("{name} {:.1}", (*ns)? / 1e3)))
+            .collect();
+        let left_out = p.left_out();
+        let left_out = if left_out.is_empty() {
+            String::new()
+        } else {
+            format!("{} unmeasured, left out; ", left_out.join(", "))
+        };
         format!(
             "probe cost per hit (calibrated on CPU {}, median round): {} ns\n\
-             probe time added per request: ~{:.1} us (sites {:.1} + syscalls {:.1} + sock {:.1} \
-             + sched {:.1} us; samples not included)",
+             probe time added per request: ~{:.1} us ({} us; {left_out}samples not included)",
             self.cpu,
             costs.join(", "),
             p.total() / 1e3,
-            p.sites / 1e3,
-            p.syscalls / 1e3,
-            p.sock / 1e3,
-            p.sched / 1e3,
+            terms.join(" + "),
         )
     }
 }
@@ -357,7 +404,10 @@ pub fn before_attach(skip: bool, plan: &Plan) -> anyhow::Result<Option<Calibrati
     let costs: Vec<String> = calibration
         .kinds()
         .iter()
-        .map(|(name, cost)| format!("{name} {:.0}", cost.ns_per_hit))
+        .map(|(name, cost)| match cost.ns_per_hit {
+            Some(ns) => format!("{name} {ns:.0}"),
+            None => format!("{name} unmeasured"),
+        })
         .collect();
     eprintln!(
         "tracer: calibrated on CPU {} in {:.1}s, ns per hit: {}",
@@ -808,7 +858,7 @@ mod tests {
         // arms with different unit counts compare per unit.
         let sched = round((1_000_000, 1000), (2_200_000, 2000), 4000);
         assert_eq!(sched.ns_per_hit(), Some(50.0));
-        // A traced arm that is faster gives a negative cost: reported, not hidden.
+        // A round whose traced arm is faster gives a negative cost; the kind's median decides.
         assert_eq!(
             round((2_000, 1000), (1_000, 1000), 1000).ns_per_hit(),
             Some(-1.0)
@@ -841,7 +891,7 @@ mod tests {
         let cost = KindCost::from_rounds(rounds).unwrap();
         assert_eq!(
             (cost.ns_per_hit, cost.min_ns, cost.max_ns),
-            (100.0, 100.0, 300.0)
+            (Some(100.0), 100.0, 300.0)
         );
         assert_eq!(cost.hits_per_unit, 1.0);
         assert!(KindCost::from_rounds(vec![round((0, 10), (100, 10), 0)]).is_err());
@@ -863,20 +913,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn per_request_is_hits_times_cost() {
-        let hits = HitsPerRequest {
+    fn hits() -> HitsPerRequest {
+        HitsPerRequest {
             sites: 20.0,
             syscalls: 6.0,
             sock: 2.5,
             sched: 4.0,
             samples: 1.0,
-        };
+        }
+    }
+
+    #[test]
+    fn per_request_is_hits_times_cost() {
+        let hits = hits();
         let p = calibration().per_request(&hits);
         assert_eq!(
             (p.sites, p.syscalls, p.sock, p.sched),
-            (6000.0, 600.0, 150.0, 160.0)
+            (Some(6000.0), Some(600.0), Some(150.0), Some(160.0))
         );
+        assert!(p.left_out().is_empty());
         assert_eq!(p.total(), 6910.0);
         let section = calibration().section(&hits);
         assert_eq!(section["probe_ns_per_request"], 6910.0);
@@ -902,5 +957,78 @@ mod tests {
                 .contains("sched 41 (noisy: rounds 40..90)")
         );
         assert_eq!(noisy.section(&hits)["noisy"], serde_json::json!(["sched"]));
+    }
+
+    /// Every number in `text`, signs included.
+    fn numbers(text: &str) -> Vec<f64> {
+        text.split(|c: char| !(c.is_ascii_digit() || c == '-' || c == '.'))
+            .filter_map(|word| word.trim_end_matches('.').parse().ok())
+            .collect()
+    }
+
+    #[test]
+    fn a_negative_median_is_unmeasured_and_left_out_of_the_sum() {
+        let hits = hits();
+        let mut noisy = calibration();
+        // A busy neighbour: the traced arm came out faster in the median round.
+        noisy.sock = KindCost::from_rounds(vec![
+            round((400, 1), (110, 1), 1),
+            round((400, 1), (321, 1), 1),
+            round((0, 1), (1841, 1), 1),
+        ])
+        .unwrap();
+        assert_eq!(noisy.sock.ns_per_hit, None);
+        assert!(!noisy.sock.is_noisy(), "no figure to call noisy");
+        // A median of exactly zero measures nothing either.
+        let zero = KindCost::from_rounds(vec![round((50, 1), (50, 1), 1)]).unwrap();
+        assert_eq!(zero.ns_per_hit, None);
+
+        let p = noisy.per_request(&hits);
+        assert_eq!(p.sock, None);
+        assert_eq!(p.left_out(), ["sock"]);
+        assert_eq!(p.total(), 6000.0 + 600.0 + 160.0);
+
+        let summary = noisy.summary(&hits);
+        assert!(
+            summary.contains("sock unmeasured (rounds -290..1841)"),
+            "the rounds' range stays on record: {summary}"
+        );
+        assert!(summary.contains("~6.8 us"), "{summary}");
+        assert!(
+            summary
+                .contains("(sites 6.0 + syscalls 0.6 + sched 0.2 us; sock unmeasured, left out;"),
+            "{summary}"
+        );
+        // The range's low end is the only negative number, and it sits inside `rounds a..b`.
+        let without_range = summary.replace("-290..", "..");
+        assert!(
+            numbers(&without_range).iter().all(|&n| n >= 0.0),
+            "{summary}"
+        );
+
+        let section = noisy.section(&hits);
+        assert_eq!(section["ns_per_hit"]["sock"], serde_json::Value::Null);
+        assert_eq!(
+            section["ns_per_hit_min_max"]["sock"],
+            serde_json::json!([-290.0, 1841.0])
+        );
+        assert_eq!(section["rounds"]["sock"], 3);
+        assert_eq!(section["unmeasured"], serde_json::json!(["sock"]));
+        assert_eq!(section["noisy"], serde_json::json!([]));
+        assert_eq!(section["probe_ns_per_request"], 6760.0);
+        assert_eq!(
+            section["probe_ns_per_request_by_kind"]["sock"],
+            serde_json::Value::Null
+        );
+        assert_eq!(
+            section["probe_ns_per_request_leaves_out"],
+            serde_json::json!(["sock"])
+        );
+        let mut json = section.clone();
+        json["ns_per_hit_min_max"] = serde_json::Value::Null;
+        assert!(
+            numbers(&json.to_string()).iter().all(|&n| n >= 0.0),
+            "no negative figure outside the rounds' range: {json}"
+        );
     }
 }

@@ -59,7 +59,7 @@ pub fn windows(
         let tracer_cpu = || {
             tracer
                 .as_ref()
-                .and_then(|t| procstat::cpu_seconds(t.tracer.proc.pid()))
+                .and_then(|t| procstat::cpu_seconds(t.tracer.pid()))
         };
         let (cpu_before, cpu0_before, tracer_before) = (
             procstat::cpu_seconds(gateway_pid),

@@ -5,6 +5,7 @@ mod baseline;
 mod bench;
 mod flags;
 mod machine;
+mod privilege;
 mod procs;
 mod procstat;
 mod profile;
@@ -33,7 +34,7 @@ enum Command {
     Test(test::Args),
     /// The gateway's added latency over its upstream, out of process (no tracer); writes profiles/local/bench-<time>/ or --out.
     Bench(bench::Args),
-    /// Build the tracer and attach it, as root, to a running gateway.
+    /// Build the tracer and attach it to a running gateway (as root: through sudo unless xtask is).
     RunTracer(run_tracer::Args),
     /// A whole tail session at a fraction of max load; writes profiles/local/<name>-<time>/ or --out.
     Profile(profile::Args),

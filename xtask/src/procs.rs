@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 
+use crate::privilege::Runner;
+
 /// How long a server may take to print `listening on` and answer `/healthz`.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a SIGTERM'd child gets to exit before SIGKILL.
@@ -45,8 +47,9 @@ impl Executables {
 }
 
 /// `cargo build --release ARGS`, reading the executables' paths from cargo's JSON messages
-/// (so `CARGO_TARGET_DIR` and config are honoured). Cargo's own lines pass through but its
-/// closing `Finished`: a build with nothing to do prints nothing.
+/// (so `CARGO_TARGET_DIR` and config are honoured). Cargo's own lines go to a log under
+/// `target/xtask-logs/`: a build prints one line when it starts compiling (one with nothing to
+/// do prints nothing), and a failed one quotes the log's end.
 pub fn cargo_build_release(args: &[&str]) -> anyhow::Result<Executables> {
     cargo_build_release_in(&workspace_root(), None, args)
 }
@@ -57,6 +60,19 @@ pub fn cargo_build_release_in(
     target_dir: Option<&Path>,
     args: &[&str],
 ) -> anyhow::Result<Executables> {
+    // The `-p` packages name the log.
+    let packages: Vec<&str> = args
+        .windows(2)
+        .filter(|pair| pair[0] == "-p")
+        .map(|pair| pair[1])
+        .collect();
+    let log = crate::setup::log_dir()?.join(format!("build-{}.log", packages.join("-")));
+    let mut log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let announce = format!(
+        "xtask: building release binaries ({}; a first build takes minutes); log: {}",
+        packages.join(", "),
+        log.display()
+    );
     let mut command = Command::new(env!("CARGO"));
     if let Some(target_dir) = target_dir {
         command.env("CARGO_TARGET_DIR", target_dir);
@@ -72,10 +88,13 @@ pub fn cargo_build_release_in(
         .context("running cargo build")?;
     let stderr = child.stderr.take().context("cargo's stderr")?;
     let relay = std::thread::spawn(move || {
+        let mut announced = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !line.trim_start().starts_with("Finished") {
-                eprintln!("{line}");
+            if !announced && line.trim_start().starts_with("Compiling") {
+                eprintln!("{announce}");
+                announced = true;
             }
+            let _ = writeln!(log_file, "{line}");
         }
     });
     let mut stdout = Vec::new();
@@ -89,8 +108,10 @@ pub fn cargo_build_release_in(
     let _ = relay.join();
     ensure!(
         status.success(),
-        "cargo build --release {} failed ({status})",
-        args.join(" ")
+        "cargo build --release {} failed ({status}); the end of {}:\n{}",
+        args.join(" "),
+        log.display(),
+        crate::setup::log_tail(&log, 40)
     );
     Ok(Executables(
         stdout
@@ -205,12 +226,7 @@ impl Proc {
     /// The CPUs the kernel lets it run on (`Cpus_allowed_list`), to record the pinning as
     /// applied rather than as asked.
     pub fn cpus_allowed(&self) -> anyhow::Result<String> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
-            .map(|list| list.trim().to_owned())
-            .context("no Cpus_allowed_list in /proc/PID/status")
+        cpus_allowed(self.pid())
     }
 
     /// Waits for the first stdout line starting with `listening on ` and returns the address.
@@ -279,16 +295,11 @@ impl Proc {
 
     /// The end of its log, for error messages.
     pub fn log_tail(&self) -> String {
-        let mut text = String::new();
-        if let Ok(mut file) = File::open(&self.log) {
-            let _ = file.read_to_string(&mut text);
-        }
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = lines[lines.len().saturating_sub(15)..].join("\n    ");
+        let tail = crate::setup::log_tail(&self.log, 15);
         if tail.is_empty() {
             String::new()
         } else {
-            format!("\n  {} ({}):\n    {tail}", self.name, self.log.display())
+            format!("\n  {} ({}):\n{tail}", self.name, self.log.display())
         }
     }
 
@@ -307,51 +318,131 @@ impl Drop for Proc {
     }
 }
 
+/// `Cpus_allowed_list` of a process.
+fn cpus_allowed(pid: u32) -> anyhow::Result<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
+        .map(|list| list.trim().to_owned())
+        .context("no Cpus_allowed_list in /proc/PID/status")
+}
+
 /// A running `tracer record`, attached: started by [`start_tracer`], ended by
 /// [`TracerProc::stop`] (or killed on drop, like any [`Proc`]).
 pub struct TracerProc {
+    /// The tracer, or the `sudo` that runs it.
     pub proc: Proc,
+    /// The tracer's own pid.
+    pid: u32,
+    runner: Runner,
+    /// Its `--out` directory, handed back to the user after it stops.
+    out: Option<PathBuf>,
 }
 
-/// Starts the tracer with `args` (under `taskset -c cpus` when given), logging to
-/// `log_dir/tracer.log`, and waits for its `tracer: program ids` line: every program attached.
+/// Starts the tracer with `args` (through sudo unless xtask is root, under `taskset -c cpus`
+/// when given), logging to `log_dir/tracer.log`, and waits for its `tracer: program ids` line:
+/// every program attached.
 pub fn start_tracer(
     bin: &Path,
     cpus: Option<&str>,
     args: &[String],
     log_dir: &Path,
 ) -> anyhow::Result<TracerProc> {
-    let mut proc = Proc::spawn("tracer", cpus, bin, args, log_dir, false)?;
+    let runner = Runner::detect();
+    let name = bin.file_name().context("the tracer's file name")?;
+    // The tracer's own pid: under sudo, a descendant of the child.
+    let tracer_pid = |proc: &Proc| match runner {
+        Runner::Root => Some(proc.pid()),
+        Runner::Sudo { .. } => {
+            crate::privilege::descendant_named(proc.pid(), &name.to_string_lossy())
+        }
+    };
+    runner.refresh()?;
+    let (program, line) = runner.command_line(bin, args);
+    let line: Vec<String> = line
+        .iter()
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    let mut proc = Proc::spawn("tracer", cpus, &program, &line, log_dir, false)?;
+    let out = args
+        .iter()
+        .position(|arg| arg == "--out")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from);
     let deadline = Instant::now() + TRACER_READY_TIMEOUT;
     loop {
         if fs::read_to_string(&proc.log).is_ok_and(|text| text.contains(TRACER_READY)) {
-            return Ok(TracerProc { proc });
+            let pid = tracer_pid(&proc)
+                .with_context(|| format!("no tracer process under sudo ({})", proc.pid()))?;
+            return Ok(TracerProc {
+                proc,
+                pid,
+                runner,
+                out,
+            });
         }
         if proc.child.try_wait()?.is_some() {
             bail!("the tracer exited before attaching{}", proc.log_tail());
         }
-        ensure!(
-            Instant::now() < deadline,
-            "the tracer did not attach within {TRACER_READY_TIMEOUT:?}{}",
-            proc.log_tail()
-        );
+        if Instant::now() >= deadline {
+            // Killing sudo (on drop) would leave a root tracer behind.
+            if let Some(pid) = tracer_pid(&proc) {
+                let _ = runner.kill(pid, libc::SIGKILL);
+            }
+            bail!(
+                "the tracer did not attach within {TRACER_READY_TIMEOUT:?}{}",
+                proc.log_tail()
+            );
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
 
 impl TracerProc {
+    /// The tracer's own pid (not sudo's), for /proc.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The tracer's own CPUs, as [`Proc::cpus_allowed`].
+    pub fn cpus_allowed(&self) -> anyhow::Result<String> {
+        cpus_allowed(self.pid)
+    }
+
+    /// Sends the tracer `signal` (through sudo when it runs as root and xtask does not).
+    pub fn signaller(&self) -> impl Fn(libc::c_int) -> anyhow::Result<()> + Send + 'static {
+        let (runner, pid) = (self.runner, self.pid);
+        move |signal| runner.kill(pid, signal)
+    }
+
     /// SIGINT (the tracer's Ctrl-C: drain, detach, report), then waits for it to write its
-    /// files; fails unless it exits successfully.
+    /// files and hands them to the user; fails unless it exits successfully.
     pub fn stop(&mut self) -> anyhow::Result<()> {
-        // SAFETY: signalling our own child, not reaped yet.
-        unsafe { libc::kill(self.proc.pid() as libc::pid_t, libc::SIGINT) };
-        let status = self.proc.wait_timeout(TRACER_FINISH_TIMEOUT)?;
+        let status = match self.runner.kill(self.pid, libc::SIGINT) {
+            Ok(()) => self.proc.wait_timeout(TRACER_FINISH_TIMEOUT)?,
+            // Already gone (its target exited, say): its exit status tells how it went.
+            Err(err) => self.proc.wait_timeout(STOP_GRACE).map_err(|_| err)?,
+        };
+        let handed_back = match &self.out {
+            Some(out) => self.runner.hand_back(out),
+            None => Ok(()),
+        };
         ensure!(
             status.success(),
             "the tracer failed ({status}){}",
             self.proc.log_tail()
         );
-        Ok(())
+        handed_back
+    }
+}
+
+impl Drop for TracerProc {
+    fn drop(&mut self) {
+        // SIGKILL to sudo would not reach the tracer: kill the tracer itself.
+        if self.runner != Runner::Root && matches!(self.proc.child.try_wait(), Ok(None)) {
+            let _ = self.runner.kill(self.pid, libc::SIGKILL);
+        }
     }
 }
 
@@ -513,6 +604,39 @@ mod tests {
         // Reaped, not a zombie: the pid is gone (or, rarely, reused by another process).
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         assert!(!status.contains("Name:\tsleep"), "{status}");
+    }
+
+    #[test]
+    fn a_failed_build_quotes_cargos_output_from_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = "xtask-quiet-build-test";
+        fs::write(
+            dir.path().join("Cargo.toml"),
+            format!("[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2024\"\n"),
+        )
+        .unwrap();
+        fs::create_dir(dir.path().join("src")).unwrap();
+        fs::write(
+            dir.path().join("src/main.rs"),
+            "fn main() { undefined_thing(); }\n",
+        )
+        .unwrap();
+        let target = dir.path().join("target");
+        let err = cargo_build_release_in(dir.path(), Some(&target), &["-p", name])
+            .err()
+            .expect("the crate does not compile");
+        let text = format!("{err:#}");
+        let log = crate::setup::log_dir()
+            .unwrap()
+            .join(format!("build-{name}.log"));
+        assert!(text.contains(&log.display().to_string()), "{text}");
+        assert!(
+            text.contains("undefined_thing"),
+            "rustc's error is quoted: {text}"
+        );
+        let kept = fs::read_to_string(&log).unwrap();
+        assert!(kept.contains("Compiling xtask-quiet-build-test"), "{kept}");
+        fs::remove_file(&log).unwrap();
     }
 
     #[test]

@@ -15,6 +15,15 @@ pub fn parse_cpu_seconds(stat: &str) -> Option<f64> {
     Some((utime + stime) as f64 / TICKS_PER_S)
 }
 
+/// The command name and parent pid from /proc/PID/stat.
+pub fn parse_comm_ppid(stat: &str) -> Option<(&str, u32)> {
+    let (head, rest) = stat.rsplit_once(')')?;
+    let (_, comm) = head.split_once('(')?;
+    // rest starts at field 3 (state); ppid is field 4.
+    let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
+    Some((comm, ppid))
+}
+
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     parse_cpu_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
@@ -88,6 +97,13 @@ mod tests {
         assert_eq!(parse_cpu_seconds(stat), Some(3.25));
         assert_eq!(parse_cpu_seconds("garbage"), None);
         assert!(cpu_seconds(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn name_and_parent_from_stat() {
+        let stat = "4242 (tokio (worker)) S 17 4242 4242 0 -1 4194560 500 0 0 0 250 75";
+        assert_eq!(parse_comm_ppid(stat), Some(("tokio (worker)", 17)));
+        assert_eq!(parse_comm_ppid("4242 (x"), None);
     }
 
     #[test]

@@ -141,11 +141,6 @@ pub struct SessionFacts {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    ensure!(
-        unsafe { libc::geteuid() } == 0,
-        "cargo xtask profile attaches eBPF programs: run it as root"
-    );
     // Read before anything runs, so a bad --compare costs nothing.
     let earlier = args
         .compare
@@ -155,6 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .with_context(|| format!("--compare {}: not a session directory", dir.display()))
         })
         .transpose()?;
+    crate::privilege::Runner::detect().authorize("cargo xtask profile")?;
     // `cargo build -p tracer` below needs the eBPF toolchain; a fresh machine gets it here.
     crate::setup::ensure()?;
     let started = Instant::now();
@@ -317,7 +313,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (
             "tracer".to_owned(),
             args.placement.load_cpus.clone(),
-            tracer.proc.cpus_allowed()?,
+            tracer.cpus_allowed()?,
         ),
         (
             "loadgen".to_owned(),

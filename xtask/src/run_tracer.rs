@@ -1,9 +1,16 @@
 //! `cargo xtask run-tracer --pid PID [--duration S] [--out DIR]`: build the tracer (release,
-//! eBPF programs included) and run `tracer record` as root.
+//! eBPF programs included) as the user, and run `tracer record` as root: directly when xtask
+//! is root, through sudo otherwise, its files handed back to the user.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::PathBuf,
+    process::Command,
+    sync::{Arc, atomic::AtomicBool},
+};
 
 use anyhow::{Context as _, bail};
+
+use crate::privilege::Runner;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -22,26 +29,38 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    // SAFETY: no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!(
-            "run-tracer loads eBPF programs and must run as root (try `sudo -E cargo xtask run-tracer ...`)"
-        );
-    }
+    let runner = Runner::detect();
+    runner.authorize("cargo xtask run-tracer")?;
     crate::setup::ensure()?;
     let tracer =
         crate::procs::cargo_build_release(&["-p", "tracer", "--bin", "tracer"])?.find("tracer")?;
-    let mut command = Command::new(&tracer);
-    command
-        .args(["record", "--pid", &args.pid.to_string(), "--out"])
-        .arg(&args.out);
+    // The user's directory: the tracer (root) writes into it, and it is handed back after.
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let mut record = vec![
+        "record".to_owned(),
+        "--pid".to_owned(),
+        args.pid.to_string(),
+        "--out".to_owned(),
+        args.out.display().to_string(),
+    ];
     if let Some(duration) = &args.duration {
-        command.args(["--duration", duration]);
+        record.extend(["--duration".to_owned(), duration.clone()]);
     }
-    command.args(&args.rest);
-    let status = command
+    record.extend(args.rest.iter().cloned());
+    let (program, line) = runner.command_line(&tracer, &record);
+    // Ctrl-C is the tracer's stop (it gets it from the terminal too): xtask stays to hand its
+    // files back. A handler, unlike SIG_IGN, is not inherited across exec.
+    signal_hook::flag::register(
+        signal_hook::consts::SIGINT,
+        Arc::new(AtomicBool::new(false)),
+    )
+    .context("installing the SIGINT handler")?;
+    let status = Command::new(&program)
+        .args(&line)
         .status()
-        .with_context(|| format!("running {}", tracer.display()))?;
+        .with_context(|| format!("running {}", program.display()))?;
+    runner.hand_back(&args.out)?;
     if !status.success() {
         bail!("tracer record failed ({status})");
     }

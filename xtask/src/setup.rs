@@ -1,8 +1,13 @@
 //! `cargo xtask setup`: the eBPF toolchain, installed idempotently. Each step says what it
 //! checks and is skipped when already satisfied. Other commands call [`ensure`].
+//!
+//! An install prints one line (what, roughly how long, where its log is); rustup's, apt's and
+//! cargo's own output goes to that log, quoted only when the step fails.
 
 use std::{
     env,
+    fs::File,
+    io::Read as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
 };
@@ -39,14 +44,17 @@ fn nightly_rust_src(verbose: bool) -> anyhow::Result<()> {
             println!("setup: nightly toolchain: installed");
         }
     } else {
-        println!("setup: nightly toolchain: missing, installing");
-        run_checked(Command::new("rustup").args([
-            "toolchain",
-            "install",
-            "nightly",
-            "--profile",
-            "minimal",
-        ]))?;
+        quiet_step(
+            "nightly toolchain (rustup, ~1 min)",
+            "rustup-nightly",
+            Command::new("rustup").args([
+                "toolchain",
+                "install",
+                "nightly",
+                "--profile",
+                "minimal",
+            ]),
+        )?;
     }
     let components = output(
         "rustup",
@@ -57,14 +65,11 @@ fn nightly_rust_src(verbose: bool) -> anyhow::Result<()> {
             println!("setup: nightly rust-src: installed");
         }
     } else {
-        println!("setup: nightly rust-src: missing, installing");
-        run_checked(Command::new("rustup").args([
-            "component",
-            "add",
-            "rust-src",
-            "--toolchain",
-            "nightly",
-        ]))?;
+        quiet_step(
+            "nightly rust-src (rustup, ~30 s)",
+            "rustup-rust-src",
+            Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]),
+        )?;
     }
     Ok(())
 }
@@ -76,7 +81,6 @@ fn llvm_dev(verbose: bool) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    println!("setup: llvm-22-dev: {LLVM} missing, installing with apt-get");
     apt_install(&["llvm-22-dev"], true)
         .context("installing llvm-22-dev (is the LLVM apt repository configured?)")
 }
@@ -84,24 +88,32 @@ fn llvm_dev(verbose: bool) -> anyhow::Result<()> {
 /// `apt-get install -y PACKAGES` (with `--no-install-recommends` unless `recommends`); runs
 /// `apt-get update` and retries once when it fails: a fresh image often has no package lists.
 pub fn apt_install(packages: &[&str], recommends: bool) -> anyhow::Result<()> {
+    let list = packages.join(" ");
+    let runner = crate::privilege::Runner::detect();
+    // `env` sets the variable after sudo, whose env_reset would drop it.
+    let apt_get = |args: &[&str]| {
+        let mut command = runner.command("env");
+        command
+            .args(["DEBIAN_FRONTEND=noninteractive", "apt-get"])
+            .args(args);
+        command
+    };
     let install = || {
-        let mut command = Command::new("apt-get");
-        command.args(["install", "-y"]);
+        let mut command = apt_get(&["install", "-y"]);
         if !recommends {
             command.arg("--no-install-recommends");
         }
+        command.args(packages);
         command
-            .args(packages)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .context("running apt-get (needs root)")
     };
-    if !install()?.success() {
-        println!("setup: apt-get install failed; running apt-get update and retrying");
-        run_checked(Command::new("apt-get").arg("update"))?;
-        if !install()?.success() {
-            bail!("apt-get install -y {} failed", packages.join(" "));
-        }
+    let what = format!("{list} (apt-get, ~2 min)");
+    if quiet_step(&what, "apt-get", &mut install()).is_err() {
+        quiet_step(
+            "apt package lists (apt-get update, ~30 s)",
+            "apt-get-update",
+            &mut apt_get(&["update"]),
+        )?;
+        quiet_step(&what, "apt-get", &mut install())?;
     }
     Ok(())
 }
@@ -113,9 +125,10 @@ fn bpf_linker(verbose: bool) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    println!("setup: bpf-linker: missing, building it against {LLVM}");
     let path = format!("{LLVM}/bin:{}", env::var("PATH").unwrap_or_default());
-    run_checked(
+    quiet_step(
+        &format!("bpf-linker (cargo install against {LLVM}, ~4 min)"),
+        "bpf-linker",
         Command::new("cargo")
             .args([
                 "install",
@@ -152,6 +165,63 @@ fn output(program: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Where xtask keeps its children's full output: `target/xtask-logs/` (`CARGO_TARGET_DIR`
+/// honoured).
+pub fn log_dir() -> anyhow::Result<PathBuf> {
+    let target = env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::procs::workspace_root().join("target"));
+    let dir = target.join("xtask-logs");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Runs one install step quietly: prints `setup: installing WHAT; log: PATH`, sends the
+/// child's stdout and stderr to `log_dir()/LOG.log`, and on failure returns an error that
+/// quotes the log's last lines.
+fn quiet_step(what: &str, log: &str, command: &mut Command) -> anyhow::Result<()> {
+    let log = log_dir()?.join(format!("{log}.log"));
+    println!("setup: installing {what}; log: {}", log.display());
+    run_logged(command, &log)
+}
+
+/// How many of a failed step's last log lines an error quotes.
+const TAIL_LINES: usize = 20;
+
+/// Runs `command` with stdout and stderr in `log` (replaced); an error on failure quotes the
+/// log's last [`TAIL_LINES`] lines.
+pub fn run_logged(command: &mut Command, log: &Path) -> anyhow::Result<()> {
+    let file = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let status = command
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .status()
+        .with_context(|| format!("running {command:?}"))?;
+    if !status.success() {
+        bail!(
+            "{command:?} failed ({status}); the end of {}:\n{}",
+            log.display(),
+            log_tail(log, TAIL_LINES)
+        );
+    }
+    Ok(())
+}
+
+/// The last `lines` lines of `path`, indented; empty when it cannot be read.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let mut text = String::new();
+    if let Ok(mut file) = File::open(path) {
+        let _ = file.read_to_string(&mut text);
+    }
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..]
+        .iter()
+        .map(|line| format!("    {line}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 pub fn run_checked(command: &mut Command) -> anyhow::Result<()> {
     let status = command
         .status()
@@ -160,4 +230,35 @@ pub fn run_checked(command: &mut Command) -> anyhow::Result<()> {
         bail!("{command:?} failed ({status})");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_logged_step_keeps_its_output_in_the_log_and_quotes_it_on_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("step.log");
+        run_logged(
+            Command::new("sh").args(["-c", "echo to-stdout; echo to-stderr >&2"]),
+            &log,
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            text.contains("to-stdout") && text.contains("to-stderr"),
+            "{text}"
+        );
+
+        let script = "for i in $(seq 1 30); do echo line$i; done; echo broken >&2; exit 1";
+        let err = run_logged(Command::new("sh").args(["-c", script]), &log).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("exit status: 1"), "{text}");
+        assert!(text.contains(&log.display().to_string()), "{text}");
+        assert!(text.contains("line30") && text.contains("broken"), "{text}");
+        assert!(!text.contains("line5\n"), "only the tail is quoted: {text}");
+        let kept = std::fs::read_to_string(&log).unwrap();
+        assert!(kept.contains("line1\n"), "the log keeps everything: {kept}");
+    }
 }

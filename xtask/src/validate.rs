@@ -391,8 +391,11 @@ fn mode_cost(
     let mut probe_ns = 0.0;
     for (kind, cal) in kinds.iter().chain(&[("samples", "")]) {
         let per_request = f(hits.iter().map(|h| &h[*kind]).collect());
-        if !cal.is_empty() {
-            probe_ns += per_request * calibration["ns_per_hit"][*cal].as_f64().unwrap_or(f64::NAN);
+        // An unmeasured kind (null) is left out of the sum, as the calibration's own is.
+        if let Some(ns_per_hit) = calibration["ns_per_hit"][*cal].as_f64() {
+            probe_ns += per_request * ns_per_hit;
+        } else if !cal.is_empty() && !calibration["ns_per_hit"].is_object() {
+            probe_ns = f64::NAN;
         }
         hits_json.insert((*kind).to_owned(), json!(per_request));
     }
@@ -409,6 +412,7 @@ fn mode_cost(
         "windows_per_arm": windows.len() / 2,
         "hits_per_request": hits_json,
         "probe_ns_per_request": probe_ns,
+        "probe_ns_per_request_leaves_out": calibration["unmeasured"],
         "bpf_ns_per_request": bpf_ns_per_request,
         "gateway_cpu_us_per_request": {"untraced": untraced, "traced": traced},
         "cpu_ratio": traced / untraced,
@@ -425,11 +429,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("xtask: wrote {}", readme.display());
         return Ok(());
     }
-    // SAFETY: geteuid has no preconditions.
-    ensure!(
-        unsafe { libc::geteuid() } == 0,
-        "cargo xtask validate attaches eBPF programs: run it as root"
-    );
+    crate::privilege::Runner::detect().authorize("cargo xtask validate")?;
     crate::setup::ensure()?;
     let started = Instant::now();
     let (duration, window, loss_s, soak) = if args.quick {
@@ -500,7 +500,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "accuracy",
         &["--raw-events", &path_arg(&raw), "--bpf-stats"],
     )?;
-    pinning.push(json!({"process": "tracer", "asked": args.placement.load_cpus, "applied": traced.tracer.proc.cpus_allowed()?}));
+    pinning.push(json!({"process": "tracer", "asked": args.placement.load_cpus, "applied": traced.tracer.cpus_allowed()?}));
     let client_csv = work.path().join("accuracy-client.csv");
     let accuracy_load =
         bench.open_loop(rate, duration, &["--requests-out", &path_arg(&client_csv)]);
@@ -639,19 +639,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // The forced-loss run stops the tracer's reader for a while: the kernel keeps
         // writing into the small ring until it is full, then counts every failed reserve.
         let stall = (!extra.is_empty()).then(|| {
-            let (pid, after) = (
-                traced.tracer.proc.pid(),
+            let (signal, after) = (
+                traced.tracer.signaller(),
                 Duration::from_secs_f64(loss_s / 3.0),
             );
             let stall = Duration::from_secs_f64(args.forced_stall);
             std::thread::spawn(move || {
                 std::thread::sleep(after);
-                // SAFETY: signalling our own child, not reaped (the main thread stops it only
-                // after the load has run, and this thread ends well before).
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) };
+                // Our own tracer, not reaped: the main thread stops it only after the load has
+                // run, and this thread ends well before.
+                if let Err(err) = signal(libc::SIGSTOP) {
+                    eprintln!("xtask: stalling the tracer: {err:#}");
+                }
                 std::thread::sleep(stall);
-                // SAFETY: as above.
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+                if let Err(err) = signal(libc::SIGCONT) {
+                    eprintln!("xtask: resuming the tracer: {err:#}");
+                }
             })
         });
         let load = bench.open_loop(
@@ -693,8 +696,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let samples = Arc::new(Mutex::new(Vec::new()));
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = {
-        let (samples, sampling, pid) =
-            (samples.clone(), sampling.clone(), traced.tracer.proc.pid());
+        let (samples, sampling, pid) = (samples.clone(), sampling.clone(), traced.tracer.pid());
         std::thread::spawn(move || {
             let t0 = Instant::now();
             let mut next = Duration::ZERO;
@@ -713,8 +715,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         })
     };
     let soak_load = bench.open_loop(rate, soak, &[]);
-    let peak_rss_kib = procstat::status_kib(traced.tracer.proc.pid(), "VmHWM");
-    let cpu_at_end = procstat::cpu_seconds(traced.tracer.proc.pid());
+    let peak_rss_kib = procstat::status_kib(traced.tracer.pid(), "VmHWM");
+    let cpu_at_end = procstat::cpu_seconds(traced.tracer.pid());
     sampling.store(false, Ordering::SeqCst);
     let _ = sampler.join();
     let (soak_breakdown, _) = traced.stop()?;

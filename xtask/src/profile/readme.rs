@@ -175,12 +175,17 @@ fn overload_warning(loadgen: &Value, target_rate: f64) -> Option<String> {
 }
 
 /// `{"site": 410.0, ...}` as `site 410 ns, ...`.
+/// `site 410 ns, sock unmeasured`: a kind calibration could not measure is null (or, in a
+/// session recorded before that, a figure at or below zero).
 fn ns_by_kind(map: &Value) -> String {
     map.as_object()
         .map(|costs| {
             costs
                 .iter()
-                .map(|(kind, ns)| format!("{kind} {} ns", num(ns)))
+                .map(|(kind, ns)| match ns.as_f64() {
+                    Some(ns) if ns > 0.0 => format!("{kind} {} ns", num(&Value::from(ns))),
+                    _ => format!("{kind} unmeasured"),
+                })
                 .collect::<Vec<_>>()
                 .join(", ")
         })
@@ -222,10 +227,18 @@ fn cost_and_loss(breakdown: &Value) -> String {
             .filter(|kinds| !kinds.is_empty())
             .map(|kinds| format!(" (noisy: {})", Value::Array(kinds.clone())))
             .unwrap_or_default();
+        let left_out = calibration["unmeasured"]
+            .as_array()
+            .filter(|kinds| !kinds.is_empty())
+            .map(|kinds| {
+                let names: Vec<&str> = kinds.iter().filter_map(Value::as_str).collect();
+                format!("; left out, unmeasured: {}", names.join(", "))
+            })
+            .unwrap_or_default();
         let _ = writeln!(
             w,
             "- Probe cost, calibrated on CPU {} before attaching: {per_hit} per hit{noisy}; \
-             × the hits above = **{} ns of probe time per request** (by kind: {}).",
+             × the hits above = **{} ns of probe time per request** (by kind: {}{left_out}).",
             calibration["cpu"],
             num(&calibration["probe_ns_per_request"]),
             ns_by_kind(&calibration["probe_ns_per_request_by_kind"])
@@ -868,6 +881,27 @@ mod tests {
         assert!(text.contains("6.0 s CPU during the session"), "{text}");
         assert!(text.contains("peak RSS 163.6 MiB"), "{text}");
         assert!(text.contains("profiles/validation-*/"), "{text}");
+    }
+
+    #[test]
+    fn an_unmeasured_kind_renders_as_unmeasured_and_left_out() {
+        let mut session = breakdown(0, 0);
+        let calibration = &mut session["calibration"];
+        calibration["ns_per_hit"]["sock"] = Value::Null;
+        calibration["unmeasured"] = serde_json::json!(["sock"]);
+        calibration["probe_ns_per_request_by_kind"] =
+            serde_json::json!({"sites": 31392.8, "sock": null});
+        let text = cost_and_loss(&session);
+        assert!(text.contains("sock unmeasured, syscall 351 ns"), "{text}");
+        assert!(
+            text.contains("(by kind: sites 31393 ns, sock unmeasured; left out, unmeasured: sock)"),
+            "{text}"
+        );
+        // A session recorded before `unmeasured` existed: its negative figure is not repeated.
+        session["calibration"]["ns_per_hit"]["sock"] = Value::from(-79.0);
+        let text = cost_and_loss(&session);
+        assert!(text.contains("sock unmeasured"), "{text}");
+        assert!(!text.contains("-79"), "{text}");
     }
 
     #[test]

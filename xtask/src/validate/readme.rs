@@ -12,6 +12,17 @@ fn num(v: &Value, digits: usize) -> String {
     }
 }
 
+/// ` LABEL: a, b.` for a non-empty list of kinds; nothing otherwise.
+fn kinds_note(label: &str, kinds: &Value) -> String {
+    match kinds.as_array().filter(|kinds| !kinds.is_empty()) {
+        Some(kinds) => {
+            let names: Vec<&str> = kinds.iter().filter_map(Value::as_str).collect();
+            format!(" {label}: {}.", names.join(", "))
+        }
+        None => String::new(),
+    }
+}
+
 fn json_f64(x: f64) -> Value {
     serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
 }
@@ -301,10 +312,14 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
                     "syscall" => &by_kind["syscalls"],
                     other => &by_kind[other],
                 };
+                // null: unmeasured (older runs: a figure at or below zero).
+                let per_hit = match ns.as_f64() {
+                    Some(x) if x > 0.0 => num(ns, 0),
+                    _ => "unmeasured".to_owned(),
+                };
                 writeln!(
                     md,
-                    "| {kind} | {} | {}–{} | {} |",
-                    num(ns, 0),
+                    "| {kind} | {per_hit} | {}–{} | {} |",
                     num(&range[0], 0),
                     num(&range[1], 0),
                     num(per_request, 0)
@@ -316,17 +331,11 @@ fn render(md: &mut String, v: &Value) -> std::fmt::Result {
                  not included: {}.{}\n",
                 num(&json_f64(f(&cal["probe_ns_per_request"]) / 1000.0), 1),
                 cal["not_included"].as_str().unwrap_or("?"),
-                match cal["noisy"].as_array().filter(|n| !n.is_empty()) {
-                    Some(noisy) => format!(
-                        " Noisy (rounds disagree): {}.",
-                        noisy
-                            .iter()
-                            .filter_map(Value::as_str)
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                kinds_note("Noisy (rounds disagree)", &v["calibration"]["noisy"])
+                    + &kinds_note(
+                        "Unmeasured, left out of the sum",
+                        &v["calibration"]["unmeasured"]
                     ),
-                    None => String::new(),
-                }
             )?;
         }
         None => writeln!(
@@ -783,6 +792,25 @@ mod tests {
         render(&mut md, &v).unwrap();
         assert!(md.contains("| site | 900 | 850–990 | 60000 |"), "{md}");
         assert!(md.contains("**61.2 µs**"), "{md}");
+    }
+
+    #[test]
+    fn an_unmeasured_kind_is_said_not_printed_as_a_figure() {
+        let v = serde_json::json!({"calibration": {
+            "cpu": 1, "elapsed_s": 2.5,
+            "ns_per_hit": {"site": 900.0, "sock": null},
+            "ns_per_hit_min_max": {"site": [850.0, 990.0], "sock": [-290.0, 1841.0]},
+            "probe_ns_per_request": 60000.0,
+            "probe_ns_per_request_by_kind": {"sites": 60000.0, "sock": null},
+            "noisy": [], "unmeasured": ["sock"], "not_included": "cpu-clock samples",
+        }});
+        let mut md = String::new();
+        render(&mut md, &v).unwrap();
+        assert!(md.contains("| sock | unmeasured | -290–1841 | — |"), "{md}");
+        assert!(
+            md.contains("Unmeasured, left out of the sum: sock."),
+            "{md}"
+        );
     }
 
     #[test]
