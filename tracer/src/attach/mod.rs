@@ -12,6 +12,7 @@ pub mod sockets;
 pub mod syscalls;
 pub mod target;
 pub mod tracefs;
+pub mod usdt;
 
 use std::fmt;
 
