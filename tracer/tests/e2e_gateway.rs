@@ -659,6 +659,14 @@ fn a_stripped_gateway_is_traced_by_its_usdt_notes() {
     }
     let _turn = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let run = traced_run(false, Binary::Stripped);
+    assert!(
+        run.stderr
+            .lines()
+            .any(|line| line.starts_with("tracer: attach sites")
+                && line.contains("probe sites (no phase site: --phases) by USDT notes")),
+        "{}",
+        run.stderr
+    );
     let (_, traced) = client_and_tracer_agree(&run);
     let breakdown: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.out.join("breakdown.json")).unwrap()).unwrap();

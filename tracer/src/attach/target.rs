@@ -126,6 +126,15 @@ pub enum FoundBy {
     Symbols,
 }
 
+impl FoundBy {
+    pub const fn name(self) -> &'static str {
+        match self {
+            FoundBy::Notes => "USDT notes",
+            FoundBy::Symbols => "symbols",
+        }
+    }
+}
+
 /// The file offset of each probe site in a binary: what a uprobe attaches to.
 #[derive(Clone, Debug)]
 pub struct SiteOffsets {
