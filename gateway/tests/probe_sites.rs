@@ -64,16 +64,9 @@ fn bpftrace_lists_the_sites() {
         eprintln!("SKIPPED bpftrace_lists_the_sites: bpftrace runs only as root");
         return;
     }
-    let out = Command::new(tool("bpftrace", "bpftrace"))
-        .args(["-l", &format!("usdt:{GATEWAY}:*")])
-        .output()
-        .expect("running bpftrace");
-    assert!(
-        out.status.success(),
-        "bpftrace -l: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let listed = stdout_of(
+        Command::new(tool("bpftrace", "bpftrace")).args(["-l", &format!("usdt:{GATEWAY}:*")]),
     );
-    let listed = String::from_utf8_lossy(&out.stdout);
     let mut probes: Vec<&str> = listed.lines().collect();
     probes.sort_unstable();
     let mut expected: Vec<String> = Site::ALL
@@ -96,17 +89,8 @@ struct Note {
 /// The gateway's stapsdt notes of provider `gateway`, as `readelf -n` reads them. readelf is
 /// binutils', there wherever the gateway links.
 fn readelf_notes() -> Vec<Note> {
-    let out = Command::new("readelf")
-        .args(["-n", GATEWAY])
-        .output()
-        .expect("running readelf (binutils)");
-    assert!(
-        out.status.success(),
-        "readelf -n: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let mut notes: Vec<Note> = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in stdout_of(Command::new("readelf").args(["-n", GATEWAY])).lines() {
         if let Some((_, provider)) = line.split_once("Provider: ") {
             notes.push(Note {
                 provider: provider.trim().to_owned(),
@@ -130,6 +114,19 @@ fn readelf_notes() -> Vec<Note> {
     }
     notes.retain(|note| note.provider == USDT_PROVIDER);
     notes
+}
+
+/// What `command` printed; it must succeed.
+fn stdout_of(command: &mut Command) -> String {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("running {command:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
 }
 
 fn is_root() -> bool {

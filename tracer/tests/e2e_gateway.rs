@@ -196,6 +196,15 @@ fn num(row: &BTreeMap<String, String>, column: &str) -> u64 {
         .unwrap_or_else(|_| panic!("{column} is not a number: {row:?}"))
 }
 
+/// [`traced_run`] for `test`, in its turn; None, having said why, when not root.
+fn traced_run_as_root(test: &str, hog: bool, binary: Binary) -> Option<TracedRun> {
+    if !require_root(test) {
+        return None;
+    }
+    let _turn = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    Some(traced_run(hog, binary))
+}
+
 /// Which gateway binary a traced run starts.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Binary {
@@ -456,11 +465,13 @@ fn client_and_tracer_agree(run: &TracedRun) -> (BTreeMap<u64, (u64, u64)>, Vec<R
 
 #[test]
 fn traced_gateway_requests_match_the_client() {
-    if !require_root("traced_gateway_requests_match_the_client") {
+    let Some(run) = traced_run_as_root(
+        "traced_gateway_requests_match_the_client",
+        false,
+        Binary::AsBuilt,
+    ) else {
         return;
-    }
-    let _turn = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let run = traced_run(false, Binary::AsBuilt);
+    };
     let (out, stderr, started) = (&run.out, &run.stderr, run.started);
     let attach = &run.attach;
     let (window, traced) = client_and_tracer_agree(&run);
@@ -613,11 +624,13 @@ fn holders(wait: &serde_json::Value) -> Vec<String> {
 /// hog was second to the writer in the tail, first over all requests).
 #[test]
 fn a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind() {
-    if !require_root("a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind") {
+    let Some(run) = traced_run_as_root(
+        "a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind",
+        true,
+        Binary::AsBuilt,
+    ) else {
         return;
-    }
-    let _turn = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let run = traced_run(true, Binary::AsBuilt);
+    };
     let hog = run.hog.expect("the run had a hog");
     // By pid: a task is named by its comm when it first takes a gateway thread's CPU, and the
     // hog may do so as `taskset`, before it execs into HOG (seen in the emulated guest).
@@ -654,11 +667,13 @@ fn a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind() {
 /// the notes and rebuilds every request.
 #[test]
 fn a_stripped_gateway_is_traced_by_its_usdt_notes() {
-    if !require_root("a_stripped_gateway_is_traced_by_its_usdt_notes") {
+    let Some(run) = traced_run_as_root(
+        "a_stripped_gateway_is_traced_by_its_usdt_notes",
+        false,
+        Binary::Stripped,
+    ) else {
         return;
-    }
-    let _turn = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let run = traced_run(false, Binary::Stripped);
+    };
     assert!(
         run.stderr
             .lines()
