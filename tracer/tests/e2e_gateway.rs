@@ -3,7 +3,8 @@
 //! open-loop rate; the tracer is stopped with SIGINT. Then every 200 response must be a
 //! complete traced request, inside the client's own send/receive window on the same clock,
 //! with parts that sum to its total and a fsync and a signing share, no event lost, and
-//! nothing of ours left in the kernel.
+//! nothing of ours left in the kernel. The same run on a `strip`ped copy of the gateway checks
+//! that the tracer finds the probe sites by their USDT notes.
 //!
 //! The gateway, mock-upstream and loadgen binaries belong to other packages, so cargo does not
 //! build them for this test: it runs `cargo build --release -p gateway -p loadgen` itself (the
