@@ -5,9 +5,13 @@
 //! uprobe on the NOP reads the arguments from rdi, rsi, rdx. The gateway never reads a clock
 //! for its own measurement: every timestamp comes from the kernel when a site is hit.
 //!
+//! Each site is also a USDT probe: a `.note.stapsdt` note (provider `gateway`, the name
+//! without `gw_probe_`, arguments `8@%rdi 8@%rsi 8@%rdx`) that `readelf -n`, `bpftrace -l` and
+//! the tracer read, and that `strip` keeps. See docs/probe-sites.md.
+//!
 //! The names, argument meanings and phase ids are defined once, in
-//! [`tracer_ebpf::sites`]; this module provides one function per [`Site`], and the test
-//! `probe_sites_start_with_nop5` checks the built binary against that list.
+//! [`tracer_ebpf::sites`]; this module provides one function per [`Site`], and the tests in
+//! `gateway/tests/probe_sites.rs` check the built binary against that list.
 //!
 //! | site | args | where it fires |
 //! |---|---|---|
@@ -32,24 +36,53 @@ use std::task::{Context, Poll};
 pub use tracer_ebpf::sites::{Phase, Site};
 
 macro_rules! probe_site {
-    ($name:ident) => {
+    ($name:ident, $probe:literal) => {
         #[unsafe(no_mangle)]
         #[unsafe(naked)]
         pub extern "C" fn $name(_a0: u64, _a1: u64, _a2: u64) {
-            core::arch::naked_asm!(".byte 0x0f, 0x1f, 0x44, 0x00, 0x00", "ret")
+            // The NOP5 stays the first instruction: the note's pc points at it, and a uprobe at
+            // function entry cannot clobber the caller's red zone. The note follows sys/sdt.h
+            // (SDT v3): pc, `.stapsdt.base` (to detect prelink), semaphore 0, then provider,
+            // name and argument spec. It is not loaded, so untraced it costs nothing.
+            core::arch::naked_asm!(
+                "990: .byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+                "ret",
+                ".pushsection .note.stapsdt, \"?\", \"note\"",
+                ".balign 4",
+                ".4byte 992f - 991f, 994f - 993f, 3",
+                "991: .asciz \"stapsdt\"",
+                "992: .balign 4",
+                "993: .8byte 990b",
+                ".8byte _.stapsdt.base",
+                ".8byte 0",
+                ".asciz \"gateway\"",
+                concat!(".asciz \"", $probe, "\""),
+                ".asciz \"8@%rdi 8@%rsi 8@%rdx\"",
+                "994: .balign 4",
+                ".popsection",
+                // One base per object; the comdat group keeps one per binary.
+                ".ifndef _.stapsdt.base",
+                ".pushsection .stapsdt.base, \"aGR\", \"progbits\", .stapsdt.base, comdat",
+                ".weak _.stapsdt.base",
+                ".hidden _.stapsdt.base",
+                "_.stapsdt.base: .space 1",
+                ".size _.stapsdt.base, 1",
+                ".popsection",
+                ".endif",
+            )
         }
     };
 }
 
-probe_site!(gw_probe_request_begin);
-probe_site!(gw_probe_request_end);
-probe_site!(gw_probe_phase);
-probe_site!(gw_probe_poll_enter);
-probe_site!(gw_probe_poll_exit);
-probe_site!(gw_probe_ledger_enqueue);
-probe_site!(gw_probe_sign_begin);
-probe_site!(gw_probe_sign_end);
-probe_site!(gw_probe_receipt_durable);
+probe_site!(gw_probe_request_begin, "request_begin");
+probe_site!(gw_probe_request_end, "request_end");
+probe_site!(gw_probe_phase, "phase");
+probe_site!(gw_probe_poll_enter, "poll_enter");
+probe_site!(gw_probe_poll_exit, "poll_exit");
+probe_site!(gw_probe_ledger_enqueue, "ledger_enqueue");
+probe_site!(gw_probe_sign_begin, "sign_begin");
+probe_site!(gw_probe_sign_end, "sign_end");
+probe_site!(gw_probe_receipt_durable, "receipt_durable");
 
 /// Phase frames: a never-inlined function per [`Phase`] (named [`Phase::frame`]) that the
 /// phase's work runs inside. A stack sample that holds one fell in that phase, which gives a

@@ -1,19 +1,26 @@
-//! Every probe site in the built gateway binary starts with the 5-byte NOP the tracer expects.
+//! Every probe site in the built gateway binary starts with the 5-byte NOP the tracer expects,
+//! and is a USDT probe that other tools see: `readelf -n` and `bpftrace -l` list its note,
+//! read independently of the tracer's own parser.
+
+use std::path::PathBuf;
+use std::process::Command;
 
 use object::{Object, ObjectSection, ObjectSymbol};
-use tracer_ebpf::sites::{NOP5, Site};
+use tracer_ebpf::sites::{NOP5, Site, USDT_ARGS, USDT_PROVIDER};
+
+const GATEWAY: &str = env!("CARGO_BIN_EXE_gateway");
 
 #[test]
 fn probe_sites_start_with_nop5() {
-    let path = env!("CARGO_BIN_EXE_gateway");
-    let data = std::fs::read(path).expect("read the gateway binary");
+    let data = std::fs::read(GATEWAY).expect("read the gateway binary");
     let file = object::File::parse(&*data).expect("parse ELF");
+    let notes = readelf_notes();
     for site in Site::ALL {
         let name = site.symbol();
         let symbol = file
             .symbols()
             .find(|s| s.name() == Ok(name))
-            .unwrap_or_else(|| panic!("{name} is not in {path}'s symbol table"));
+            .unwrap_or_else(|| panic!("{name} is not in {GATEWAY}'s symbol table"));
         let section = symbol
             .section_index()
             .and_then(|i| file.section_by_index(i).ok())
@@ -24,5 +31,129 @@ fn probe_sites_start_with_nop5() {
             .flatten()
             .unwrap_or_else(|| panic!("{name}: cannot read its first bytes"));
         assert_eq!(bytes, NOP5, "{name} does not start with the NOP5");
+
+        let note = notes
+            .iter()
+            .find(|note| note.name == site.probe_name())
+            .unwrap_or_else(|| panic!("readelf -n lists no note for {name}: {notes:?}"));
+        assert_eq!(
+            note.pc,
+            symbol.address(),
+            "{name}'s note is not at its NOP5"
+        );
     }
+}
+
+#[test]
+fn readelf_lists_the_nine_sites_as_stapsdt_notes() {
+    let notes = readelf_notes();
+    let mut names: Vec<&str> = notes.iter().map(|note| note.name.as_str()).collect();
+    names.sort_unstable();
+    let mut expected: Vec<&str> = Site::ALL.iter().map(|site| site.probe_name()).collect();
+    expected.sort_unstable();
+    assert_eq!(names, expected, "{notes:?}");
+    for note in &notes {
+        assert_eq!(note.args, USDT_ARGS, "{note:?}");
+    }
+}
+
+#[test]
+fn bpftrace_lists_the_sites() {
+    // bpftrace refuses to start, even to list, unless it runs as root.
+    if !is_root() {
+        eprintln!("SKIPPED bpftrace_lists_the_sites: bpftrace runs only as root");
+        return;
+    }
+    let listed = stdout_of(
+        Command::new(tool("bpftrace", "bpftrace")).args(["-l", &format!("usdt:{GATEWAY}:*")]),
+    );
+    let mut probes: Vec<&str> = listed.lines().collect();
+    probes.sort_unstable();
+    let mut expected: Vec<String> = Site::ALL
+        .iter()
+        .map(|site| format!("usdt:{GATEWAY}:{USDT_PROVIDER}:{}", site.probe_name()))
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(probes, expected);
+}
+
+/// One stapsdt note as `readelf -n` prints it.
+#[derive(Debug, Default)]
+struct Note {
+    provider: String,
+    name: String,
+    pc: u64,
+    args: String,
+}
+
+/// The gateway's stapsdt notes of provider `gateway`, as `readelf -n` reads them. readelf is
+/// binutils', there wherever the gateway links.
+fn readelf_notes() -> Vec<Note> {
+    let mut notes: Vec<Note> = Vec::new();
+    for line in stdout_of(Command::new("readelf").args(["-n", GATEWAY])).lines() {
+        if let Some((_, provider)) = line.split_once("Provider: ") {
+            notes.push(Note {
+                provider: provider.trim().to_owned(),
+                ..Note::default()
+            });
+            continue;
+        }
+        let Some(note) = notes.last_mut() else {
+            continue;
+        };
+        let line = line.trim();
+        if let Some(name) = line.strip_prefix("Name: ") {
+            note.name = name.to_owned();
+        } else if let Some(location) = line.strip_prefix("Location: ") {
+            let pc = location.split(',').next().unwrap_or_default();
+            note.pc = u64::from_str_radix(pc.trim_start_matches("0x"), 16)
+                .unwrap_or_else(|_| panic!("readelf printed a bad location: {line}"));
+        } else if let Some(args) = line.strip_prefix("Arguments: ") {
+            note.args = args.to_owned();
+        }
+    }
+    notes.retain(|note| note.provider == USDT_PROVIDER);
+    notes
+}
+
+/// What `command` printed; it must succeed.
+fn stdout_of(command: &mut Command) -> String {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("running {command:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+fn is_root() -> bool {
+    // SAFETY: no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `program` from PATH, installed from Debian's `package` when missing, as on a new machine.
+/// Needs root, as apt-get does.
+fn tool(program: &str, package: &str) -> PathBuf {
+    let find = || {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|dir| dir.join(program))
+            .find(|path| path.is_file())
+    };
+    if let Some(path) = find() {
+        return path;
+    }
+    let apt = |args: &[&str]| {
+        let status = Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .expect("running apt-get");
+        assert!(status.success(), "apt-get {args:?} failed");
+    };
+    apt(&["update", "-qq"]);
+    apt(&["install", "-y", "-qq", "--no-install-recommends", package]);
+    find().unwrap_or_else(|| panic!("{package} installed no {program}"))
 }

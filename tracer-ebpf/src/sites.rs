@@ -3,11 +3,19 @@
 //! replaces the NOP with a breakpoint-free uprobe (~0.3 µs a hit). Arguments arrive in
 //! rdi, rsi, rdx (up to three `u64`).
 //!
-//! The gateway defines one function per [`Site`], named [`Site::symbol`]; the tracer attaches
+//! The gateway defines one function per [`Site`], named [`Site::symbol`], and describes it in a
+//! USDT note (`.note.stapsdt`) of provider [`USDT_PROVIDER`] named [`Site::probe_name`]. The
+//! tracer finds each site by its note (by its symbol when the binary has no notes), attaches
 //! one uprobe to each and writes an [`crate::abi::Event`] with `kind = SITE`, `sub = site id`.
 
 /// The first bytes of every probe site.
 pub const NOP5: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
+
+/// The provider of the gateway's USDT notes: `usdt:PATH:gateway:request_begin` etc.
+pub const USDT_PROVIDER: &str = "gateway";
+
+/// The argument spec of every site's USDT note: three `u64` in rdi, rsi, rdx.
+pub const USDT_ARGS: &str = "8@%rdi 8@%rsi 8@%rdx";
 
 /// Every probe site, in id order. `Site as u16` is the event's `sub`.
 ///
@@ -66,6 +74,12 @@ impl Site {
             Site::SignEnd => "gw_probe_sign_end",
             Site::ReceiptDurable => "gw_probe_receipt_durable",
         }
+    }
+
+    /// The site's USDT probe name: its symbol without `gw_probe_`.
+    pub fn probe_name(self) -> &'static str {
+        let symbol = self.symbol();
+        symbol.strip_prefix("gw_probe_").unwrap_or(symbol)
     }
 
     /// Whether the split needs this site. The others (per-phase on-CPU time) are options.

@@ -44,6 +44,11 @@ fn binary_without_probe_sites_names_them() {
         stderr.contains(&format!("lacks {n} of {n} probe sites")),
         "{stderr}"
     );
+    // It says where it looked: USDT notes first, then symbols.
+    assert!(
+        stderr.contains("stapsdt notes") && stderr.contains("symbols"),
+        "{stderr}"
+    );
     for site in tracer_ebpf::sites::Site::ALL {
         assert!(
             stderr.contains(site.symbol()),

@@ -3,7 +3,8 @@
 //! open-loop rate; the tracer is stopped with SIGINT. Then every 200 response must be a
 //! complete traced request, inside the client's own send/receive window on the same clock,
 //! with parts that sum to its total and a fsync and a signing share, no event lost, and
-//! nothing of ours left in the kernel.
+//! nothing of ours left in the kernel. The same run on a `strip`ped copy of the gateway checks
+//! that the tracer finds the probe sites by their USDT notes.
 //!
 //! The gateway, mock-upstream and loadgen binaries belong to other packages, so cargo does not
 //! build them for this test: it runs `cargo build --release -p gateway -p loadgen` itself (the
@@ -164,8 +165,11 @@ fn drain(pipe: impl std::io::Read + Send + 'static) {
     });
 }
 
-/// A CSV with a header, as rows of column name → text.
-fn read_csv(path: &Path) -> Vec<BTreeMap<String, String>> {
+/// A CSV row: column name → text.
+type Row = BTreeMap<String, String>;
+
+/// A CSV with a header, as rows.
+fn read_csv(path: &Path) -> Vec<Row> {
     let mut text = String::new();
     File::open(path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -193,7 +197,48 @@ fn num(row: &BTreeMap<String, String>, column: &str) -> u64 {
         .unwrap_or_else(|_| panic!("{column} is not a number: {row:?}"))
 }
 
-/// The two traced runs take turns: each pins a gateway on CPU 0, and the hog of one would
+/// [`traced_run`] for `test`, in its turn; None, having said why, when not root.
+fn traced_run_as_root(test: &str, hog: bool, binary: Binary) -> Option<TracedRun> {
+    if !require_root(test) {
+        return None;
+    }
+    let _turn = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    Some(traced_run(hog, binary))
+}
+
+/// Which gateway binary a traced run starts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Binary {
+    AsBuilt,
+    /// A copy without symbols: the tracer must find the sites by their USDT notes.
+    Stripped,
+}
+
+/// `strip`s a copy of `gateway` into `dir`, and checks that no probe-site symbol is left.
+fn stripped_copy(gateway: &Path, dir: &Path) -> PathBuf {
+    use object::{Object as _, ObjectSymbol as _};
+
+    let copy = dir.join("gateway-stripped");
+    let status = Command::new("strip")
+        .arg("-o")
+        .arg(&copy)
+        .arg(gateway)
+        .status()
+        .expect("running strip (binutils)");
+    assert!(status.success(), "strip failed: {status}");
+    let data = std::fs::read(&copy).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let left: Vec<String> = file
+        .symbols()
+        .chain(file.dynamic_symbols())
+        .filter_map(|symbol| symbol.name().ok().map(str::to_owned))
+        .filter(|name| name.starts_with("gw_probe_"))
+        .collect();
+    assert!(left.is_empty(), "strip left {left:?}");
+    copy
+}
+
+/// The traced runs take turns: each pins a gateway on CPU 0, and the hog of one would
 /// be on the other's CPU.
 static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -218,10 +263,14 @@ struct TracedRun {
 /// The hog's run sends over one connection, so that at most one request is in the gateway:
 /// with eight, a gateway slowed by emulation and by the hog queues requests behind each other,
 /// and `another request` outweighed the hog in one guest run of CI.
-fn traced_run(hog: bool) -> TracedRun {
+fn traced_run(hog: bool, binary: Binary) -> TracedRun {
     let started = Instant::now();
     let bins = build_binaries();
     let dir = tempfile::tempdir().unwrap();
+    let gateway_bin = match binary {
+        Binary::AsBuilt => bins.gateway.clone(),
+        Binary::Stripped => stripped_copy(&bins.gateway, dir.path()),
+    };
     let out = dir.path().join("session");
     let client_csv = dir.path().join("client.csv");
 
@@ -231,7 +280,7 @@ fn traced_run(hog: bool) -> TracedRun {
     );
     let upstream = format!("http://{}", mock.wait_listening());
     let db = dir.path().join("ledger.db");
-    let init = Command::new(&bins.gateway)
+    let init = Command::new(&gateway_bin)
         .arg("init")
         .arg("--db")
         .arg(&db)
@@ -252,7 +301,7 @@ fn traced_run(hog: bool) -> TracedRun {
         "gateway",
         Running::pinned(
             GATEWAY_CPU,
-            &bins.gateway,
+            &gateway_bin,
             &[
                 "serve",
                 "--db",
@@ -357,7 +406,7 @@ fn traced_run(hog: bool) -> TracedRun {
         Vec::<u32>::new(),
         "programs outlived the tracer"
     );
-    for binary in [bins.gateway.clone(), bins.gateway.canonicalize().unwrap()] {
+    for binary in [gateway_bin.clone(), gateway_bin.canonicalize().unwrap()] {
         assert_eq!(leftover_uprobes(&binary), Vec::<String>::new());
     }
     gateway.wait_or_stop();
@@ -375,21 +424,14 @@ fn traced_run(hog: bool) -> TracedRun {
     }
 }
 
-#[test]
-fn traced_gateway_requests_match_the_client() {
-    if !require_root("traced_gateway_requests_match_the_client") {
-        return;
-    }
-    let _turn = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let run = traced_run(false);
-    let (out, client_csv, stderr, started) = (&run.out, &run.client_csv, &run.stderr, run.started);
-    let (attach, rate) = (&run.attach, run.rate);
-
-    // The client's view: every request answered 200.
-    let client = read_csv(client_csv);
+/// The client's view (every request answered 200, at least 8/9 of the schedule) and the
+/// tracer's (the same requests, all complete) agree. Returns each request's client window
+/// (sent, received) and the traced rows.
+fn client_and_tracer_agree(run: &TracedRun) -> (BTreeMap<u64, (u64, u64)>, Vec<Row>) {
+    let client = read_csv(&run.client_csv);
     assert!(
         // At least 8/9 of the schedule (800 requests at the default rate).
-        client.len() as u64 >= rate * LOAD_SECONDS * 8 / 9,
+        client.len() as u64 >= run.rate * LOAD_SECONDS * 8 / 9,
         "loadgen sent only {} requests",
         client.len()
     );
@@ -405,9 +447,8 @@ fn traced_gateway_requests_match_the_client() {
         })
         .collect();
 
-    // The tracer's view: the same requests, all complete.
-    let traced = read_csv(&out.join("requests.csv"));
-    let incomplete = read_csv(&out.join("incomplete.csv"));
+    let traced = read_csv(&run.out.join("requests.csv"));
+    let incomplete = read_csv(&run.out.join("incomplete.csv"));
     let traced_ids: BTreeSet<u64> = traced.iter().map(|r| num(r, "request_id")).collect();
     let client_ids: BTreeSet<u64> = window.keys().copied().collect();
     let missing: Vec<_> = client_ids.difference(&traced_ids).collect();
@@ -420,6 +461,21 @@ fn traced_gateway_requests_match_the_client() {
         traced.len(),
     );
     assert!(incomplete.is_empty(), "incomplete: {incomplete:?}");
+    (window, traced)
+}
+
+#[test]
+fn traced_gateway_requests_match_the_client() {
+    let Some(run) = traced_run_as_root(
+        "traced_gateway_requests_match_the_client",
+        false,
+        Binary::AsBuilt,
+    ) else {
+        return;
+    };
+    let (out, stderr, started) = (&run.out, &run.stderr, run.started);
+    let attach = &run.attach;
+    let (window, traced) = client_and_tracer_agree(&run);
 
     let part_columns: Vec<String> = traced[0]
         .keys()
@@ -569,11 +625,13 @@ fn holders(wait: &serde_json::Value) -> Vec<String> {
 /// hog was second to the writer in the tail, first over all requests).
 #[test]
 fn a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind() {
-    if !require_root("a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind") {
+    let Some(run) = traced_run_as_root(
+        "a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind",
+        true,
+        Binary::AsBuilt,
+    ) else {
         return;
-    }
-    let _turn = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let run = traced_run(true);
+    };
     let hog = run.hog.expect("the run had a hog");
     // By pid: a task is named by its comm when it first takes a gateway thread's CPU, and the
     // hog may do so as `taskset`, before it execs into HOG (seen in the emulated guest).
@@ -604,4 +662,30 @@ fn a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind() {
         shares(&all),
         shares(&tail)
     );
+}
+
+/// `strip` removes the probe sites' symbols, not their USDT notes: the tracer finds the sites by
+/// the notes and rebuilds every request.
+#[test]
+fn a_stripped_gateway_is_traced_by_its_usdt_notes() {
+    let Some(run) = traced_run_as_root(
+        "a_stripped_gateway_is_traced_by_its_usdt_notes",
+        false,
+        Binary::Stripped,
+    ) else {
+        return;
+    };
+    assert!(
+        run.stderr
+            .lines()
+            .any(|line| line.starts_with("tracer: attach sites")
+                && line.contains("probe sites (no phase site: --phases) by USDT notes")),
+        "{}",
+        run.stderr
+    );
+    let (_, traced) = client_and_tracer_agree(&run);
+    let breakdown: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.out.join("breakdown.json")).unwrap()).unwrap();
+    assert_eq!(breakdown["lost_events"], 0, "{breakdown}");
+    assert_eq!(breakdown["requests"], traced.len() as u64, "{breakdown}");
 }

@@ -12,6 +12,7 @@ pub mod sockets;
 pub mod syscalls;
 pub mod target;
 pub mod tracefs;
+pub mod usdt;
 
 use std::fmt;
 
@@ -214,7 +215,11 @@ impl Session {
             modes.push(AttachMode {
                 group: "sites",
                 mode: "uprobe",
-                detail: format!("{n} probe sites{which} in {}", target.exe.display()),
+                detail: format!(
+                    "{n} probe sites{which} by {} in {}",
+                    target.sites.found_by.name(),
+                    target.exe.display()
+                ),
             });
         }
         for group in &options.skip {

@@ -1,4 +1,5 @@
-//! Attach `programs/sites.rs`: one uprobe per probe site, by symbol, scoped to the target.
+//! Attach `programs/sites.rs`: one uprobe per probe site, at the file offset its USDT note (or
+//! symbol) gives, scoped to the target.
 //! Every hit is a trap, so only the sites the split needs are attached unless `--phases`.
 
 use std::num::NonZeroU32;
@@ -14,11 +15,7 @@ use super::target::Target;
 
 /// The kernel program for a site: `gw_probe_<x>` → `site_<x>`.
 pub fn program_name(site: Site) -> String {
-    let symbol = site.symbol();
-    format!(
-        "site_{}",
-        symbol.strip_prefix("gw_probe_").unwrap_or(symbol)
-    )
+    format!("site_{}", site.probe_name())
 }
 
 /// The sites attached: those the split needs, plus `phase` when asked for.
@@ -31,24 +28,25 @@ pub fn attached(phases: bool) -> impl Iterator<Item = Site> {
 pub fn attach(ebpf: &mut Ebpf, target: &Target, phases: bool) -> anyhow::Result<usize> {
     let mut count = 0;
     for site in attached(phases) {
-        attach_one(
-            ebpf,
-            &program_name(site),
-            site.symbol(),
-            &target.exe,
-            target.pid,
-        )
-        .with_context(|| format!("probe site {}", site.symbol()))?;
+        let offset = target.sites.offset(site).with_context(|| {
+            format!(
+                "{} lacks probe site {}",
+                target.exe.display(),
+                site.symbol()
+            )
+        })?;
+        attach_one(ebpf, &program_name(site), offset, &target.exe, target.pid)
+            .with_context(|| format!("probe site {}", site.symbol()))?;
         count += 1;
     }
     Ok(count)
 }
 
-/// Loads (once) and attaches one site program to `symbol` of `binary` for process `pid`.
+/// Loads (once) and attaches one site program at file `offset` of `binary` for process `pid`.
 pub fn attach_one(
     ebpf: &mut Ebpf,
     program: &str,
-    symbol: &str,
+    offset: u64,
     binary: &std::path::Path,
     pid: NonZeroU32,
 ) -> anyhow::Result<()> {
@@ -62,7 +60,12 @@ pub fn attach_one(
             .with_context(|| format!("loading {program}"))?;
     }
     uprobe
-        .attach(symbol, binary, UProbeScope::OneProcess(pid))
-        .with_context(|| format!("attaching uprobe to {symbol} in {}", binary.display()))?;
+        .attach(offset, binary, UProbeScope::OneProcess(pid))
+        .with_context(|| {
+            format!(
+                "attaching uprobe at file offset {offset:#x} of {}",
+                binary.display()
+            )
+        })?;
     Ok(())
 }
