@@ -1,7 +1,8 @@
 //! The HTTP/1.1 server: accept loop, routing, request ids and the request-level probe sites.
 //!
 //! Per request, on the tokio worker that polls its connection's task:
-//! `request_begin(req_id, client fd)` when the handler future is created, phases inside, and
+//! `request_begin(req_id, client fd, client id)` when the handler future is created, phases
+//! inside, and
 //! `request_end(req_id, status)` as the last thing the handler does, right before hyper writes
 //! the response. The connection's task is wrapped in [`ConnectionTask`]: its later polls while
 //! the request is in flight are bracketed by `poll_enter` / `poll_exit`, and in [`Repoll`],
@@ -28,7 +29,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::act::{self, Answer};
 use crate::app::App;
 use crate::error::ApiError;
-use crate::probe::{ConnectionTask, InFlight};
+use crate::probe::{self, ConnectionTask, InFlight};
 use crate::repoll::Repoll;
 
 pub const REQUEST_ID: &str = "x-request-id";
@@ -112,9 +113,12 @@ pub async fn serve(
         let mut stopping = stopping.clone();
         let connection = async move {
             let service = service_fn(move |req| {
-                let req_id = request_id(&req);
-                in_flight.begin(req_id, client_fd);
-                handle(app.clone(), req, req_id, in_flight.clone())
+                let ids = Ids {
+                    probe: probe::next_probe_id(),
+                    client: client_request_id(&req),
+                };
+                in_flight.begin(ids.probe, client_fd, ids.client);
+                handle(app.clone(), req, ids, in_flight.clone())
             });
             // half_close: hyper does not watch the socket while a handler runs, so a client
             // that resets mid-request cannot cancel a handler between its upstream call and
@@ -152,28 +156,36 @@ fn is_out_of_descriptors(e: &std::io::Error) -> bool {
     )
 }
 
+/// A request's two ids: the gateway's probe id (unique, for the tracer) and the client's
+/// `x-request-id` (for the receipt and the response header; it may repeat).
+#[derive(Clone, Copy, Debug)]
+struct Ids {
+    probe: u64,
+    client: u64,
+}
+
 async fn handle(
     app: Arc<App>,
     req: Request<Incoming>,
-    req_id: u64,
+    ids: Ids,
     in_flight: InFlight,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let answer = route(&app, req, req_id).await;
+    let answer = route(&app, req, ids).await;
     let status = answer.status;
     let mut response = Response::new(Full::new(Bytes::from(answer.body)));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(REQUEST_ID, HeaderValue::from(req_id));
-    in_flight.end(req_id, u64::from(status.as_u16()));
+    headers.insert(REQUEST_ID, HeaderValue::from(ids.client));
+    in_flight.end(ids.probe, u64::from(status.as_u16()));
     Ok(response)
 }
 
-async fn route(app: &App, req: Request<Incoming>, req_id: u64) -> Answer {
+async fn route(app: &App, req: Request<Incoming>, ids: Ids) -> Answer {
     match (req.method(), req.uri().path()) {
         // With the writer gone no receipt can be made: refuse before any upstream call.
         (&Method::POST, "/v1/act") if app.ledger.failure().is_some() => ledger_down(app),
-        (&Method::POST, "/v1/act") => act::act(app, req, req_id).await,
+        (&Method::POST, "/v1/act") => act::act(app, req, ids.probe, ids.client).await,
         (&Method::GET, "/healthz") if app.ledger.failure().is_some() => ledger_down(app),
         (&Method::GET, "/healthz") => Answer {
             status: StatusCode::OK,
@@ -204,7 +216,7 @@ fn ledger_down(app: &App) -> Answer {
 }
 
 /// The client's `x-request-id` (u64 decimal), or a fresh one when absent or invalid.
-fn request_id(req: &Request<Incoming>) -> u64 {
+fn client_request_id(req: &Request<Incoming>) -> u64 {
     req.headers()
         .get(REQUEST_ID)
         .and_then(|v| v.to_str().ok())

@@ -215,3 +215,20 @@ fn item_16_verify_opens_read_only_and_lists_its_flags() {
         "{help}"
     );
 }
+
+#[test]
+fn item_6_repeated_and_zero_client_ids_each_get_a_receipt() {
+    let demo = Demo::new();
+    let server = demo.serve();
+    for id in [5, 5, 0] {
+        let reply = act(&server.addr, Some(&demo.key), Some(id), OK_BODY);
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.header("x-request-id"), Some(id.to_string().as_str()));
+    }
+    drop(server);
+    let ids: Vec<u64> = common::receipts(&demo.db)
+        .iter()
+        .map(|r| r["request_id"].as_u64().expect("request_id"))
+        .collect();
+    assert_eq!(ids, [5, 5, 0], "receipts keep the client's ids");
+}

@@ -58,6 +58,8 @@ pub struct Durable {
 pub struct ReceiptFailed;
 
 struct Job {
+    /// The probe id, for `receipt_durable` (the receipt keeps the client's id).
+    req_id: u64,
     receipt: PendingReceipt,
     done: oneshot::Sender<Result<Durable, ReceiptFailed>>,
 }
@@ -188,7 +190,11 @@ impl Ledger {
         let (done, wait) = oneshot::channel();
         probe::gw_probe_ledger_enqueue(req_id, 0, 0);
         self.jobs
-            .send(Job { receipt, done })
+            .send(Job {
+                req_id,
+                receipt,
+                done,
+            })
             .map_err(|_| ReceiptFailed)?;
         wait.await.unwrap_or(Err(ReceiptFailed))
     }
@@ -251,7 +257,7 @@ impl Writer {
             match self.insert(&batch, &sealed) {
                 Ok(()) => {
                     for (job, s) in batch.drain(..).zip(&sealed) {
-                        probe::gw_probe_receipt_durable(job.receipt.request_id, s.seq, 0);
+                        probe::gw_probe_receipt_durable(job.req_id, s.seq, 0);
                         let _ = job.done.send(Ok(Durable {
                             seq: s.seq,
                             entry_hash: s.entry_hash,
