@@ -18,8 +18,10 @@ pub const NOP5: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
 #[repr(u16)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Site {
-    /// (req_id, client socket fd): the request's handler future is created, on the thread that
-    /// goes on to poll it for the first time: the first poll starts here.
+    /// (req_id, client socket fd, client's x-request-id): the request's handler future is
+    /// created, on the thread that goes on to poll it for the first time: the first poll starts
+    /// here. `req_id` in every site is the gateway's probe id (unique, never 0); the client's
+    /// id may repeat and is only reported.
     RequestBegin = 0,
     /// (req_id, HTTP status): the handler produced its response; its last poll ends here.
     RequestEnd = 1,
