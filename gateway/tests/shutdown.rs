@@ -3,14 +3,13 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Demo, gateway_cli, receipts, spawn_listening, try_act, wait_exit};
+use common::{Demo, spawn_listening, try_act, wait_exit, without_receipt};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::socket::{setsockopt, sockopt};
 use nix::unistd::Pid;
@@ -123,17 +122,7 @@ fn item_14_sigterm_and_client_resets_leave_no_action_without_receipt() {
             .any(|id| id % 100_000 > 0 && id / 100_000 >= CLIENTS),
         "no reset request reached the upstream"
     );
-    let (code, out, err) = gateway_cli(&["verify", "--db", demo.db_str()]);
-    assert_eq!(code, 0, "verify: {out}{err}");
-    let stored: HashSet<u64> = receipts(&demo.db)
-        .iter()
-        .filter_map(|r| r["request_id"].as_u64())
-        .collect();
-    let missing: Vec<u64> = seen
-        .iter()
-        .copied()
-        .filter(|id| !stored.contains(id))
-        .collect();
+    let missing = without_receipt(&demo.db, &seen);
     assert!(
         missing.is_empty(),
         "the upstream acted on {} of {} requests without a receipt: {missing:?}",

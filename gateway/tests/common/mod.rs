@@ -242,6 +242,20 @@ pub fn receipts(db: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Asserts the ledger verifies; returns the ids in `ids` that have no receipt.
+pub fn without_receipt(db: &Path, ids: &[u64]) -> Vec<u64> {
+    let (code, out, err) = gateway_cli(&["verify", "--db", db.to_str().expect("utf-8")]);
+    assert_eq!(code, 0, "verify failed: {out}{err}");
+    let stored: std::collections::HashSet<u64> = receipts(db)
+        .iter()
+        .filter_map(|r| r["request_id"].as_u64())
+        .collect();
+    ids.iter()
+        .copied()
+        .filter(|id| !stored.contains(id))
+        .collect()
+}
+
 fn parse_reply(raw: &[u8]) -> Result<Reply, String> {
     let split = raw
         .windows(4)
