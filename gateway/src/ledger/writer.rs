@@ -364,3 +364,51 @@ fn fields<'a>(
         signer_key_id: signer,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn receipt(request_id: u64) -> PendingReceipt {
+        PendingReceipt {
+            ts_ms: 0,
+            request_id,
+            principal: "u".into(),
+            key_id: "k".into(),
+            service: "s".into(),
+            action: "a".into(),
+            params_digest: [0; 32],
+            decision: "allow",
+            status: 200,
+            upstream_latency_us: -1,
+            error_code: "",
+        }
+    }
+
+    #[test]
+    fn item_15_a_failed_commit_stops_the_writer_and_says_why() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("g.db");
+        let (conn, master) = crate::admin::init(&db, &dir.path().join("g.key")).expect("init");
+        let signer = super::super::signer::load(&conn, &master.signer()).expect("signer");
+        let (ledger, writer) = Ledger::start(&db, signer, WriterOptions::default()).expect("start");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        assert!(runtime.block_on(ledger.append(1, receipt(1))).is_ok());
+        assert_eq!(ledger.failure(), None);
+
+        conn.execute_batch(
+            "CREATE TRIGGER forced_failure BEFORE INSERT ON receipts
+             BEGIN SELECT RAISE(ABORT, 'forced writer failure'); END;",
+        )
+        .expect("trigger");
+        assert!(runtime.block_on(ledger.append(2, receipt(2))).is_err());
+        let reason = runtime.block_on(ledger.failed());
+        assert!(reason.contains("forced writer failure"), "{reason}");
+        assert_eq!(ledger.failure(), Some(reason.as_str()));
+        // Stopped for good: later receipts fail at once instead of waiting.
+        assert!(runtime.block_on(ledger.append(3, receipt(3))).is_err());
+        writer.join().expect("the writer thread returns");
+    }
+}
