@@ -72,7 +72,7 @@ enum Command {
         checkpoint_records: u64,
         /// A connection must send a whole request head within this many ms of being accepted
         /// or of its last response (bounds slow headers and idle keep-alive connections).
-        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
         header_timeout_ms: u64,
         /// Connections served at once; more are accepted and closed at once
         /// (default: half the open-file limit, at most 65536).
