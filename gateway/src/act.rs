@@ -72,7 +72,8 @@ enum Outcome {
     },
 }
 
-pub async fn act(app: &App, req: Request<Incoming>, req_id: u64) -> Answer {
+/// `req_id` is the probe id; `client_id` the client's `x-request-id`, which the receipt keeps.
+pub async fn act(app: &App, req: Request<Incoming>, req_id: u64, client_id: u64) -> Answer {
     let (config, key) =
         match probe::in_phase(req_id, Phase::Auth, || authenticate(app, req.headers())) {
             Ok(found) => found,
@@ -97,7 +98,7 @@ pub async fn act(app: &App, req: Request<Incoming>, req_id: u64) -> Answer {
     };
     let receipt = PendingReceipt {
         ts_ms: now_ms(),
-        request_id: req_id,
+        request_id: client_id,
         principal: body.on_behalf_of.into_boxed_str(),
         key_id: key.key_id.clone(),
         service: body.service.into_boxed_str(),

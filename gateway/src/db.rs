@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use rusqlite::Connection;
+use rusqlite::{Connection, OpenFlags};
 
 /// Migration `i` brings the schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -120,6 +120,28 @@ pub fn open(path: &Path, create: bool) -> anyhow::Result<Connection> {
         Connection::open(path).with_context(|| format!("opening database {}", path.display()))?;
     configure(&conn)?;
     migrate(&mut conn)?;
+    Ok(conn)
+}
+
+/// Opens an existing database read-only, for commands that only read (`verify`, `receipts`,
+/// `head`): nothing is created or migrated, so checking a ledger cannot change it.
+pub fn open_read_only(path: &Path) -> anyhow::Result<Connection> {
+    if !path.exists() {
+        bail!("database {} does not exist", path.display());
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .with_context(|| format!("opening database {} read-only", path.display()))?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version != SCHEMA_VERSION {
+        bail!(
+            "database {} has schema version {version}, this gateway reads version {SCHEMA_VERSION}",
+            path.display()
+        );
+    }
     Ok(conn)
 }
 

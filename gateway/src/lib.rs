@@ -11,6 +11,7 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod ledger;
+pub mod lock;
 pub mod mock_upstream;
 pub mod probe;
 pub mod ratelimit;

@@ -4,9 +4,14 @@
 //! `{"echo": <request body as JSON, or null>, "path": "<request path>", "authorization":
 //! <the Authorization header, or null>}` after a fixed delay. Concurrent requests overlap
 //! their delays as a real service would.
+//!
+//! With an [`IdLog`], the `id` field of each JSON body it receives is appended to a file, one
+//! per line, before the delay: the requests it saw, for a test to match against receipts.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::fs::File;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
@@ -26,7 +31,11 @@ use tokio::sync::oneshot;
 
 /// Serves until the process ends. Prints `listening on ADDR` once the socket is bound: tests and
 /// xtask wait for that line before sending.
-pub async fn run(listener: TcpListener, delay: Duration) -> std::io::Result<()> {
+pub async fn run(
+    listener: TcpListener,
+    delay: Duration,
+    ids: Option<Arc<IdLog>>,
+) -> std::io::Result<()> {
     let local = listener.local_addr()?;
     let timer = (!delay.is_zero())
         .then(|| Timer::start(delay))
@@ -40,8 +49,9 @@ pub async fn run(listener: TcpListener, delay: Duration) -> std::io::Result<()> 
         };
         let _ = stream.set_nodelay(true);
         let timer = timer.clone();
+        let ids = ids.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req| echo(req, timer.clone()));
+            let service = service_fn(move |req| echo(req, timer.clone(), ids.clone()));
             // A client that disconnects mid-request is not an error worth reporting.
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -53,6 +63,7 @@ pub async fn run(listener: TcpListener, delay: Duration) -> std::io::Result<()> 
 async fn echo(
     req: Request<Incoming>,
     timer: Option<Arc<Timer>>,
+    ids: Option<Arc<IdLog>>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path().to_owned();
     // Echoed so tests can see which credential the gateway injected.
@@ -65,10 +76,13 @@ async fn echo(
         Ok(collected) => collected.to_bytes(),
         Err(_) => Bytes::new(),
     };
+    let echo: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    if let Some(ids) = ids {
+        ids.record(&echo);
+    }
     if let Some(timer) = timer {
         timer.sleep().await;
     }
-    let echo: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
     let reply = serde_json::json!({ "echo": echo, "path": path, "authorization": authorization });
     let bytes = serde_json::to_vec(&reply).unwrap_or_default();
     let response = Response::builder()
@@ -76,6 +90,26 @@ async fn echo(
         .body(Full::new(Bytes::from(bytes)))
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
     Ok(response)
+}
+
+/// The `id` of every body served, one decimal per line.
+pub struct IdLog(Mutex<File>);
+
+impl IdLog {
+    pub fn create(path: &std::path::Path) -> std::io::Result<IdLog> {
+        Ok(IdLog(Mutex::new(File::create(path)?)))
+    }
+
+    fn record(&self, body: &serde_json::Value) {
+        let Some(id) = body.get("id").and_then(serde_json::Value::as_u64) else {
+            return;
+        };
+        let mut file = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        // One unbuffered write a line: the line is in the file even if the process is killed.
+        if let Err(e) = file.write_all(format!("{id}\n").as_bytes()) {
+            eprintln!("mock-upstream: logging id {id}: {e}");
+        }
+    }
 }
 
 /// The delay, kept on a thread of its own: tokio's timer wheel ticks in whole ms and rounds

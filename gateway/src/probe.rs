@@ -15,7 +15,7 @@
 //!
 //! | site | args | where it fires |
 //! |---|---|---|
-//! | `gw_probe_request_begin` | req_id, client fd | handler future created; its first poll follows at once |
+//! | `gw_probe_request_begin` | req_id, client fd, client's x-request-id | handler future created; its first poll follows at once |
 //! | `gw_probe_request_end` | req_id, status | handler produced its response, inside its last poll |
 //! | `gw_probe_phase` | req_id, phase | the request enters a phase (phases do not nest) |
 //! | `gw_probe_poll_enter` | req_id | before each later poll of the task serving the request |
@@ -26,6 +26,10 @@
 //!
 //! Each phase also runs inside a named phase frame (`gw_phase_<phase>`, see [`in_phase`]): not
 //! a probe, an ordinary call that stack samples can see.
+//!
+//! `req_id` is the probe id: the gateway's own, from [`next_probe_id`], unique in the process
+//! and never 0. The client's `x-request-id` may repeat or be 0; it goes only to the receipt,
+//! the response header and `request_begin`'s third argument, for the tracer to report.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -124,6 +128,12 @@ fn frame(phase: Phase) -> fn(&mut dyn FnMut()) {
     }
 }
 
+/// A fresh probe id: 1, 2, 3, ... (0 means "none" in [`InFlight`]).
+pub fn next_probe_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// The request enters `phase`; it lasts until the next one begins.
 fn phase(req_id: u64, phase: Phase) {
     gw_probe_phase(req_id, phase as u64, 0);
@@ -181,9 +191,9 @@ impl<F: Future> Future for InPhase<F> {
 pub struct InFlight(Arc<AtomicU64>);
 
 impl InFlight {
-    /// The handler future of `req_id` is created; its first poll follows at once.
-    pub fn begin(&self, req_id: u64, client_fd: u64) {
-        gw_probe_request_begin(req_id, client_fd, 0);
+    /// The handler future of `req_id` (a probe id) is created; its first poll follows at once.
+    pub fn begin(&self, req_id: u64, client_fd: u64, client_id: u64) {
+        gw_probe_request_begin(req_id, client_fd, client_id);
         self.0.store(req_id, Ordering::Relaxed);
     }
 
@@ -266,5 +276,18 @@ mod tests {
         assert!(phased.as_mut().poll(&mut cx).is_pending());
         assert!(phased.as_mut().poll(&mut cx).is_pending());
         assert_eq!(phased.as_mut().poll(&mut cx), Poll::Ready(3));
+    }
+
+    #[test]
+    fn item_6_probe_ids_are_distinct_and_never_none() {
+        let (a, b) = (next_probe_id(), next_probe_id());
+        assert_ne!(a, b);
+        assert!(a != 0 && b != 0);
+        // A client id of 0 (or one already seen) does not hide the request in flight.
+        let in_flight = InFlight::default();
+        in_flight.begin(a, 3, 0);
+        assert_eq!(in_flight.current(), a);
+        in_flight.end(a, 200);
+        assert_eq!(in_flight.current(), 0);
     }
 }

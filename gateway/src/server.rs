@@ -1,7 +1,8 @@
 //! The HTTP/1.1 server: accept loop, routing, request ids and the request-level probe sites.
 //!
 //! Per request, on the tokio worker that polls its connection's task:
-//! `request_begin(req_id, client fd)` when the handler future is created, phases inside, and
+//! `request_begin(req_id, client fd, client id)` when the handler future is created, phases
+//! inside, and
 //! `request_end(req_id, status)` as the last thing the handler does, right before hyper writes
 //! the response. The connection's task is wrapped in [`ConnectionTask`]: its later polls while
 //! the request is in flight are bracketed by `poll_enter` / `poll_exit`, and in [`Repoll`],
@@ -11,6 +12,7 @@ use std::convert::Infallible;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -19,20 +21,21 @@ use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use rand::RngCore;
 use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
 
 use crate::act::{self, Answer};
 use crate::app::App;
 use crate::error::ApiError;
-use crate::probe::{ConnectionTask, InFlight};
+use crate::probe::{self, ConnectionTask, InFlight};
 use crate::repoll::Repoll;
 
 pub const REQUEST_ID: &str = "x-request-id";
 
 /// How far ahead [`keep_a_timer_armed`] keeps its timer: under any upstream timeout.
-const ARMED_AHEAD: std::time::Duration = std::time::Duration::from_millis(250);
+const ARMED_AHEAD: Duration = Duration::from_millis(250);
 
 /// tokio unparks its driver (an eventfd write, then a spurious epoll return) whenever a new
 /// timer is due before every registered one. With few requests in flight that was each
@@ -44,58 +47,146 @@ async fn keep_a_timer_armed() {
     }
 }
 
-/// Accepts connections until the listener fails for good.
-pub async fn serve(app: Arc<App>, listener: TcpListener) {
+/// What one client may hold, and how long a shutdown waits.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// A connection must deliver a whole request head within this time of starting to wait for
+    /// one. hyper starts that wait when the connection is accepted and again after each
+    /// response, so this bounds slow headers and idle keep-alive connections alike.
+    pub header_timeout: Duration,
+    /// Connections served at once; one more is accepted and closed at once.
+    pub max_connections: u32,
+    /// After `shutdown`, how long the requests in flight may take to finish.
+    pub grace: Duration,
+}
+
+/// How long accepting pauses after the process or system runs out of descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Accepts connections until `shutdown` completes, then stops accepting, asks every connection
+/// to finish its request in flight and close. Returns whether all closed within the grace period.
+pub async fn serve(
+    app: Arc<App>,
+    listener: TcpListener,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) -> bool {
     tokio::spawn(keep_a_timer_armed());
+    let slots = Arc::new(Semaphore::new(limits.max_connections as usize));
+    let (stop, stopping) = watch::channel(());
+    let mut out_of_descriptors = false;
+    let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let (stream, _peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(_) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let accepted = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _peer)) => {
+                out_of_descriptors = false;
+                stream
+            }
+            Err(e) if is_out_of_descriptors(&e) => {
+                // Retrying at once would spin: nothing frees a descriptor until a connection
+                // closes. Say so once per episode, not once per retry.
+                if !out_of_descriptors {
+                    eprintln!("accept: {e}; pausing accepts until connections close");
+                    out_of_descriptors = true;
+                }
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
+            // A connection reset before it was accepted, and the like: only that one is lost.
+            Err(_) => continue,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Over the limit: closing at once keeps the descriptors for the clients served.
+            drop(stream);
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let client_fd = stream.as_raw_fd() as u64;
         let app = app.clone();
         let in_flight = InFlight::default();
         let task_in_flight = in_flight.clone();
+        let mut stopping = stopping.clone();
         let connection = async move {
             let service = service_fn(move |req| {
-                let req_id = request_id(&req);
-                in_flight.begin(req_id, client_fd);
-                handle(app.clone(), req, req_id, in_flight.clone())
+                let ids = Ids {
+                    probe: probe::next_probe_id(),
+                    client: client_request_id(&req),
+                };
+                in_flight.begin(ids.probe, client_fd, ids.client);
+                handle(app.clone(), req, ids, in_flight.clone())
             });
+            // half_close: hyper does not watch the socket while a handler runs, so a client
+            // that resets mid-request cannot cancel a handler between its upstream call and
+            // its receipt; the reset surfaces when the response is written.
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .half_close(true)
+                .serve_connection(TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
             // Client resets and malformed HTTP end the connection; nothing to report.
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = stopping.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+            drop(slot);
         };
         tokio::spawn(ConnectionTask::new(task_in_flight, Repoll::new(connection)));
     }
+    drop(listener);
+    stop.send_replace(());
+    // Every slot back: every connection has closed.
+    tokio::time::timeout(limits.grace, slots.acquire_many(limits.max_connections))
+        .await
+        .is_ok()
+}
+
+fn is_out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// A request's two ids: the gateway's probe id (unique, for the tracer) and the client's
+/// `x-request-id` (for the receipt and the response header; it may repeat).
+#[derive(Clone, Copy, Debug)]
+struct Ids {
+    probe: u64,
+    client: u64,
 }
 
 async fn handle(
     app: Arc<App>,
     req: Request<Incoming>,
-    req_id: u64,
+    ids: Ids,
     in_flight: InFlight,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let answer = route(&app, req, req_id).await;
+    let answer = route(&app, req, ids).await;
     let status = answer.status;
     let mut response = Response::new(Full::new(Bytes::from(answer.body)));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(REQUEST_ID, HeaderValue::from(req_id));
-    in_flight.end(req_id, u64::from(status.as_u16()));
+    headers.insert(REQUEST_ID, HeaderValue::from(ids.client));
+    in_flight.end(ids.probe, u64::from(status.as_u16()));
     Ok(response)
 }
 
-async fn route(app: &App, req: Request<Incoming>, req_id: u64) -> Answer {
+async fn route(app: &App, req: Request<Incoming>, ids: Ids) -> Answer {
     match (req.method(), req.uri().path()) {
-        (&Method::POST, "/v1/act") => act::act(app, req, req_id).await,
+        // With the writer gone no receipt can be made: refuse before any upstream call.
+        (&Method::POST, "/v1/act") if app.ledger.failure().is_some() => ledger_down(app),
+        (&Method::POST, "/v1/act") => act::act(app, req, ids.probe, ids.client).await,
+        (&Method::GET, "/healthz") if app.ledger.failure().is_some() => ledger_down(app),
         (&Method::GET, "/healthz") => Answer {
             status: StatusCode::OK,
             body: b"{\"ok\":true}".to_vec(),
@@ -114,8 +205,18 @@ async fn route(app: &App, req: Request<Incoming>, req_id: u64) -> Answer {
     }
 }
 
+fn ledger_down(app: &App) -> Answer {
+    let reason = app.ledger.failure().unwrap_or_default();
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "ledger_failed",
+        format!("the receipt ledger failed: {reason}"),
+    )
+    .into()
+}
+
 /// The client's `x-request-id` (u64 decimal), or a fresh one when absent or invalid.
-fn request_id(req: &Request<Incoming>) -> u64 {
+fn client_request_id(req: &Request<Incoming>) -> u64 {
     req.headers()
         .get(REQUEST_ID)
         .and_then(|v| v.to_str().ok())

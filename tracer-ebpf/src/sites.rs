@@ -26,8 +26,10 @@ pub const USDT_ARGS: &str = "8@%rdi 8@%rsi 8@%rdx";
 #[repr(u16)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Site {
-    /// (req_id, client socket fd): the request's handler future is created, on the thread that
-    /// goes on to poll it for the first time: the first poll starts here.
+    /// (req_id, client socket fd, client's x-request-id): the request's handler future is
+    /// created, on the thread that goes on to poll it for the first time: the first poll starts
+    /// here. `req_id` in every site is the gateway's probe id (unique, never 0); the client's
+    /// id may repeat and is only reported.
     RequestBegin = 0,
     /// (req_id, HTTP status): the handler produced its response; its last poll ends here.
     RequestEnd = 1,

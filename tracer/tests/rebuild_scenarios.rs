@@ -643,6 +643,30 @@ fn duplicate_and_mismatched_poll_events_are_incomplete() {
 }
 
 #[test]
+fn item_6_duplicate_ids_are_incomplete_not_dropped() {
+    let mut s = Stream::new();
+    // Probe ids 1 and 2 carry the same client id 77; probe id 3 carries client id 0.
+    for (t0, req, client, fd) in [(0, 1, 77, 10), (2000, 2, 77, 11), (4000, 3, 0, 12)] {
+        arrive(&mut s, t0 + 1000, 101, fd)
+            .client_request_begin(t0 + 1100, 101, req, fd, client)
+            .request_end(t0 + 1400, 101, req, 200)
+            .send(t0 + 1500, t0 + 1510, 101, fd, 100);
+    }
+    // A begin reusing a finished probe id (a stream without client ids).
+    arrive(&mut s, 7000, 101, 13)
+        .request_begin(7100, 101, 3, 13)
+        .request_end(7400, 101, 3, 200)
+        .send(7500, 7510, 101, 13, 100);
+    let out = s.rebuild();
+    assert_eq!(out.len(), 4, "one outcome per begin: {out:?}");
+    assert_consistent(complete(&out, 77));
+    assert_eq!(incomplete(&out, 77), "duplicate id");
+    // Client id 0 means none was passed: the probe id stands in.
+    assert_consistent(complete(&out, 3));
+    assert_eq!(incomplete(&out, 3), "duplicate id");
+}
+
+#[test]
 fn still_open_at_finish_is_incomplete_in_id_order() {
     let mut s = Stream::new();
     for (req, fd) in [(9, 19), (7, 17)] {

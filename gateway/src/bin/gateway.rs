@@ -7,10 +7,15 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use ed25519_dalek::VerifyingKey;
 use gateway::admin::{self, ServiceSpec};
 use gateway::ledger::WriterOptions;
-use gateway::ledger::verify::{self, Verdict};
+use gateway::ledger::verify::{self, Head, Published, Verdict};
+use gateway::lock::LedgerLock;
 use gateway::secrets::{MasterKey, default_key_path};
+use gateway::server::Limits;
+use nix::sys::resource::{Resource, getrlimit};
+use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser)]
 #[command(
@@ -54,17 +59,29 @@ enum Command {
         #[arg(long)]
         listen: String,
         /// Tokio worker threads.
-        #[arg(long, default_value_t = 1)]
-        workers: usize,
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        workers: u16,
         /// Most receipts committed in one ledger transaction.
-        #[arg(long, default_value_t = 256)]
-        batch_max: usize,
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+        batch_max: u32,
         /// How long the ledger writer waits to fill a batch, in µs (0: take what is queued).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
         batch_wait_us: u64,
         /// Run a passive WAL checkpoint after this many committed receipts.
-        #[arg(long, default_value_t = 2048)]
+        #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
         checkpoint_records: u64,
+        /// A connection must send a whole request head within this many ms of being accepted
+        /// or of its last response (bounds slow headers and idle keep-alive connections).
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+        header_timeout_ms: u64,
+        /// Connections served at once; more are accepted and closed at once
+        /// (default: half the open-file limit, at most 65536).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        max_connections: Option<u32>,
+        /// On SIGTERM or Ctrl-C, how long requests in flight may take to finish their receipts
+        /// before the rest are cut off, in ms.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+        shutdown_grace_ms: u64,
     },
     /// Create or migrate a database, its master key file and its receipt signer.
     Init {
@@ -92,8 +109,27 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
-    /// Check every receipt's hash, chain link, signature and seq continuity.
+    /// Check every receipt's hash, chain link, signature and seq continuity (read-only).
+    ///
+    /// On its own this proves only that the database is self-consistent: whoever can write it
+    /// can rewrite the keys and re-sign, or cut off the tail. Give what was published earlier
+    /// (`gateway head`, `GET /v1/receipts/pubkey`) to check against it.
     Verify {
+        /// SQLite database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Every receipt must be signed by this Ed25519 public key (64 hex digits; repeat for
+        /// rotated keys) instead of the keys stored in the database.
+        #[arg(long, value_name = "HEX", value_parser = verify::parse_public_key)]
+        pubkey: Vec<VerifyingKey>,
+        /// A head published earlier (`gateway head`): the chain must still hold this seq with
+        /// this entry hash.
+        #[arg(long, value_name = "SEQ:HASH")]
+        expect_head: Option<Head>,
+    },
+    /// Print the signed head: the newest receipt's seq and entry hash (as SEQ:HASH for
+    /// `verify --expect-head`), its signature and the signer's public key.
+    Head {
         /// SQLite database file.
         #[arg(long)]
         db: PathBuf,
@@ -202,15 +238,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             batch_max,
             batch_wait_us,
             checkpoint_records,
+            header_timeout_ms,
+            max_connections,
+            shutdown_grace_ms,
         } => {
-            anyhow::ensure!(workers >= 1, "--workers must be at least 1");
-            anyhow::ensure!(batch_max >= 1, "--batch-max must be at least 1");
             let options = WriterOptions {
-                batch_max,
+                batch_max: batch_max as usize,
                 batch_wait: Duration::from_micros(batch_wait_us),
-                checkpoint_records: checkpoint_records.max(1),
+                checkpoint_records,
             };
-            serve(&db, &listen, workers, options)?;
+            let limits = Limits {
+                header_timeout: Duration::from_millis(header_timeout_ms),
+                max_connections: max_connections.unwrap_or_else(default_max_connections),
+                grace: Duration::from_millis(shutdown_grace_ms),
+            };
+            serve(&db, &listen, usize::from(workers), options, limits)?;
         }
         Command::Init { db, demo, upstream } => {
             let (conn, master) = admin::init(&db.db, &db.key_file())?;
@@ -293,9 +335,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             admin::link_token(&conn, &master, &user, &service, &token, expires_at)?;
             println!("token linked for {user} on {service}");
         }
-        Command::Verify { db } => {
-            let conn = gateway::db::open(&db, false)?;
-            match verify::verify(&conn)? {
+        Command::Verify {
+            db,
+            pubkey,
+            expect_head,
+        } => {
+            let conn = gateway::db::open_read_only(&db)?;
+            let published = Published {
+                keys: pubkey,
+                head: expect_head,
+            };
+            match verify::verify(&conn, &published)? {
                 Verdict::Ok { receipts } => println!("ok: {receipts} receipts"),
                 Verdict::Bad { seq, reason } => {
                     println!("bad receipt at seq {seq}: {reason}");
@@ -303,8 +353,33 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        Command::Head { db } => {
+            let conn = gateway::db::open_read_only(&db)?;
+            let Some(last) = verify::last(&conn)? else {
+                anyhow::bail!("the ledger has no receipts yet");
+            };
+            let public_key: Vec<u8> = conn
+                .query_row(
+                    "SELECT public_key FROM signer_keys WHERE key_id = ?1",
+                    [&last.signer_key_id],
+                    |r| r.get(0),
+                )
+                .with_context(|| format!("signer key {}", last.signer_key_id))?;
+            let head = Head {
+                seq: last.seq,
+                entry_hash: last
+                    .entry_hash
+                    .as_slice()
+                    .try_into()
+                    .context("entry_hash is not 32 bytes")?,
+            };
+            println!("head={head}");
+            println!("signature={}", hex::encode(&last.signature));
+            println!("signer_key_id={}", last.signer_key_id);
+            println!("public_key={}", hex::encode(public_key));
+        }
         Command::Receipts { db, from } => {
-            let conn = gateway::db::open(&db, false)?;
+            let conn = gateway::db::open_read_only(&db)?;
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
             verify::for_each(&conn, from, |row| {
@@ -318,26 +393,82 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn serve(db: &DbArgs, listen: &str, workers: usize, options: WriterOptions) -> anyhow::Result<()> {
+/// Queued connections the kernel holds for accept (std and tokio's `bind` ask for 128): a burst
+/// of connections beyond it waits a SYN retransmission, a second or more, to get in.
+const LISTEN_BACKLOG: u32 = 1024;
+
+async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    let addr = tokio::net::lookup_host(listen)
+        .await?
+        .next()
+        .context("the address resolves to nothing")?;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    Ok(socket.listen(LISTEN_BACKLOG)?)
+}
+
+/// Half the soft open-file limit: the rest is left for upstream connections, the database
+/// and the runtime, so the cap is reached before EMFILE.
+fn default_max_connections() -> u32 {
+    let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft);
+    (soft / 2).clamp(16, 65_536) as u32
+}
+
+fn serve(
+    db: &DbArgs,
+    listen: &str,
+    workers: usize,
+    options: WriterOptions,
+    limits: Limits,
+) -> anyhow::Result<()> {
+    // Before anything else touches the database: a second server would act without receipts.
+    let _lock = LedgerLock::acquire(&db.db)?;
     let master = MasterKey::load(&db.key_file(), false)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .enable_all()
         .build()
         .context("building the tokio runtime")?;
-    let (app, _writer) = gateway::app::App::start(&db.db, &master, options)?;
-    runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(listen)
+    let (app, writer) = gateway::app::App::start(&db.db, &master, options)?;
+    let served = runtime.block_on(async {
+        let listener = bind(listen)
             .await
             .with_context(|| format!("binding {listen}"))?;
         println!("listening on {}", listener.local_addr()?);
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            () = gateway::server::serve(app, listener) => {}
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
+        let mut terminate = signal(SignalKind::terminate())?;
+        let ledger_app = app.clone();
+        let shutdown = async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+                _ = ledger_app.ledger.failed() => {}
+            }
+        };
+        let drained = gateway::server::serve(app.clone(), listener, limits, shutdown).await;
+        if !drained {
+            eprintln!(
+                "shutdown: requests still in flight after {} ms are cut off",
+                limits.grace.as_millis()
+            );
         }
         anyhow::Ok(())
-    })
+    });
+    // Cancels what outlived the grace period, releasing its hold on the ledger.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    let failure = app.ledger.failure().map(str::to_owned);
+    drop(app);
+    // The writer commits what is queued, then ends once the last sender is gone.
+    if writer.join().is_err() {
+        anyhow::bail!("the ledger writer thread could not be joined");
+    }
+    served?;
+    if let Some(reason) = failure {
+        anyhow::bail!("the ledger writer failed: {reason}");
+    }
+    Ok(())
 }

@@ -1,5 +1,8 @@
-//! `mock-upstream --listen ADDR [--delay-ms D] [--workers N]`: the keep-alive JSON echo upstream.
+//! `mock-upstream --listen ADDR [--delay-ms D] [--workers N] [--log-ids FILE]`: the keep-alive
+//! JSON echo upstream.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -17,6 +20,9 @@ struct Args {
     /// Tokio worker threads.
     #[arg(long, default_value_t = 1)]
     workers: usize,
+    /// Append the `id` field of every JSON body received to FILE, one per line.
+    #[arg(long, value_name = "FILE")]
+    log_ids: Option<PathBuf>,
 }
 
 fn delay_ms(text: &str) -> Result<f64, String> {
@@ -29,6 +35,15 @@ fn delay_ms(text: &str) -> Result<f64, String> {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.workers >= 1, "--workers must be at least 1");
+    let ids = args
+        .log_ids
+        .as_deref()
+        .map(|path| {
+            gateway::mock_upstream::IdLog::create(path)
+                .map(Arc::new)
+                .with_context(|| format!("creating {}", path.display()))
+        })
+        .transpose()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.workers)
         .enable_all()
@@ -38,7 +53,8 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
-        gateway::mock_upstream::run(listener, Duration::from_secs_f64(args.delay_ms / 1e3))
+        let delay = Duration::from_secs_f64(args.delay_ms / 1e3);
+        gateway::mock_upstream::run(listener, delay, ids)
             .await
             .context("serving")
     })

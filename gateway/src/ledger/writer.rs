@@ -10,21 +10,22 @@
 //! 4. only then complete each waiter [`receipt_durable(req_id, seq)` per record].
 //!
 //! The head (last seq and hash) lives in memory; it is read from the table once at start.
-//! If the commit fails every waiter gets an error and the head rolls back to the last durable
-//! record, so the chain never skips. Autocheckpoint is off on this connection; the writer runs
+//! If the insert or commit fails, every waiter gets an error, the error is logged and the writer
+//! stops for good: [`Ledger::failure`] then says why, `/healthz` fails and the server shuts
+//! down, rather than answer 500 after every upstream call. Autocheckpoint is off on this connection; the writer runs
 //! a passive checkpoint itself every few batches, after completing the waiters, to keep the
 //! WAL file bounded without delaying a batch's responses.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ed25519_dalek::Signer as _;
 use rusqlite::{Connection, OptionalExtension};
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
 use super::signer::Signer;
 use super::{Fields, GENESIS_HASH};
@@ -57,6 +58,8 @@ pub struct Durable {
 pub struct ReceiptFailed;
 
 struct Job {
+    /// The probe id, for `receipt_durable` (the receipt keeps the client's id).
+    req_id: u64,
     receipt: PendingReceipt,
     done: oneshot::Sender<Result<Durable, ReceiptFailed>>,
 }
@@ -84,6 +87,22 @@ pub struct Ledger {
     jobs: Sender<Job>,
     pub signer_key_id: Arc<str>,
     pub public_key: [u8; 32],
+    health: Arc<Health>,
+}
+
+/// Set once, by the writer thread, when it stops for good.
+#[derive(Default)]
+struct Health {
+    failure: OnceLock<String>,
+    failed: Notify,
+}
+
+impl Health {
+    fn fail(&self, reason: String) {
+        eprintln!("ledger writer stopped: {reason}");
+        let _ = self.failure.set(reason);
+        self.failed.notify_waiters();
+    }
 }
 
 impl Ledger {
@@ -115,10 +134,12 @@ impl Ledger {
             },
         };
         let (jobs, rx) = mpsc::channel();
+        let health = Arc::new(Health::default());
         let ledger = Ledger {
             jobs,
             signer_key_id: signer.key_id.as_str().into(),
             public_key: signer.key.verifying_key().to_bytes(),
+            health: health.clone(),
         };
         let writer = Writer {
             conn,
@@ -130,9 +151,34 @@ impl Ledger {
         };
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || writer.run(rx))
+            .spawn(move || {
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run(rx)));
+                match run {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => health.fail(format!("writing receipts: {e}")),
+                    // The panic hook has already printed the message.
+                    Err(_) => health.fail("the writer thread panicked".to_owned()),
+                }
+            })
             .context("spawning the ledger writer")?;
         Ok((ledger, handle))
+    }
+
+    /// Why the writer stopped, once it has: no receipt can be made after that.
+    pub fn failure(&self) -> Option<&str> {
+        self.health.failure.get().map(String::as_str)
+    }
+
+    /// Completes when the writer stops for good, with the reason.
+    pub async fn failed(&self) -> String {
+        loop {
+            let mut notified = std::pin::pin!(self.health.failed.notified());
+            notified.as_mut().enable();
+            if let Some(reason) = self.failure() {
+                return reason.to_owned();
+            }
+            notified.await;
+        }
     }
 
     /// Queues `receipt` and waits until it is durable.
@@ -144,7 +190,11 @@ impl Ledger {
         let (done, wait) = oneshot::channel();
         probe::gw_probe_ledger_enqueue(req_id, 0, 0);
         self.jobs
-            .send(Job { receipt, done })
+            .send(Job {
+                req_id,
+                receipt,
+                done,
+            })
             .map_err(|_| ReceiptFailed)?;
         wait.await.unwrap_or(Err(ReceiptFailed))
     }
@@ -173,16 +223,17 @@ struct Sealed {
 }
 
 impl Writer {
-    fn run(mut self, rx: Receiver<Job>) {
+    /// Returns when every sender (the server) is gone, or with the first insert or commit
+    /// error: the waiters of that batch get an error, and so does every later one, as the
+    /// receiver is dropped.
+    fn run(mut self, rx: Receiver<Job>) -> rusqlite::Result<()> {
         let mut batch: Vec<Job> = Vec::with_capacity(self.options.batch_max);
         let mut sealed: Vec<Sealed> = Vec::with_capacity(self.options.batch_max);
-        // Ends when every sender (the server) is gone.
         while let Ok(first) = rx.recv() {
             batch.push(first);
             self.gather(&rx, &mut batch);
             self.batch_id += 1;
             let batch_id = self.batch_id;
-            let start = self.head;
             probe::gw_probe_sign_begin(batch_id, batch.len() as u64, 0);
             for job in &batch {
                 let seq = self.head.seq + 1;
@@ -203,12 +254,10 @@ impl Writer {
             }
             probe::gw_probe_sign_end(batch_id, batch.len() as u64, 0);
 
-            let committed = self.insert(&batch, &sealed);
-
-            match committed {
+            match self.insert(&batch, &sealed) {
                 Ok(()) => {
                     for (job, s) in batch.drain(..).zip(&sealed) {
-                        probe::gw_probe_receipt_durable(job.receipt.request_id, s.seq, 0);
+                        probe::gw_probe_receipt_durable(job.req_id, s.seq, 0);
                         let _ = job.done.send(Ok(Durable {
                             seq: s.seq,
                             entry_hash: s.entry_hash,
@@ -217,11 +266,11 @@ impl Writer {
                     }
                     self.since_checkpoint += sealed.len() as u64;
                 }
-                Err(_) => {
-                    self.head = start;
+                Err(e) => {
                     for job in batch.drain(..) {
                         let _ = job.done.send(Err(ReceiptFailed));
                     }
+                    return Err(e);
                 }
             }
             sealed.clear();
@@ -233,6 +282,7 @@ impl Writer {
                 self.since_checkpoint = 0;
             }
         }
+        Ok(())
     }
 
     fn gather(&self, rx: &Receiver<Job>, batch: &mut Vec<Job>) {
@@ -312,5 +362,53 @@ fn fields<'a>(
         error_code: r.error_code,
         prev_hash,
         signer_key_id: signer,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn receipt(request_id: u64) -> PendingReceipt {
+        PendingReceipt {
+            ts_ms: 0,
+            request_id,
+            principal: "u".into(),
+            key_id: "k".into(),
+            service: "s".into(),
+            action: "a".into(),
+            params_digest: [0; 32],
+            decision: "allow",
+            status: 200,
+            upstream_latency_us: -1,
+            error_code: "",
+        }
+    }
+
+    #[test]
+    fn item_15_a_failed_commit_stops_the_writer_and_says_why() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("g.db");
+        let (conn, master) = crate::admin::init(&db, &dir.path().join("g.key")).expect("init");
+        let signer = super::super::signer::load(&conn, &master.signer()).expect("signer");
+        let (ledger, writer) = Ledger::start(&db, signer, WriterOptions::default()).expect("start");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        assert!(runtime.block_on(ledger.append(1, receipt(1))).is_ok());
+        assert_eq!(ledger.failure(), None);
+
+        conn.execute_batch(
+            "CREATE TRIGGER forced_failure BEFORE INSERT ON receipts
+             BEGIN SELECT RAISE(ABORT, 'forced writer failure'); END;",
+        )
+        .expect("trigger");
+        assert!(runtime.block_on(ledger.append(2, receipt(2))).is_err());
+        let reason = runtime.block_on(ledger.failed());
+        assert!(reason.contains("forced writer failure"), "{reason}");
+        assert_eq!(ledger.failure(), Some(reason.as_str()));
+        // Stopped for good: later receipts fail at once instead of waiting.
+        assert!(runtime.block_on(ledger.append(3, receipt(3))).is_err());
+        writer.join().expect("the writer thread returns");
     }
 }

@@ -28,10 +28,16 @@ impl Drop for Proc {
 
 /// Starts `bin args...` and waits (bounded) for its `listening on ADDR` line.
 pub fn spawn_listening(bin: &str, args: &[&str]) -> Proc {
-    let mut child = Command::new(bin)
-        .args(args)
+    let mut command = Command::new(bin);
+    command.args(args).stderr(Stdio::inherit());
+    spawn_command(command)
+}
+
+/// Starts `command` (stdout is taken over here) and waits (bounded) for `listening on ADDR`.
+pub fn spawn_command(mut command: Command) -> Proc {
+    let bin = command.get_program().to_string_lossy().into_owned();
+    let mut child = command
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
         .spawn()
         .unwrap_or_else(|e| panic!("spawning {bin}: {e}"));
     let stdout = child.stdout.take().expect("piped stdout");
@@ -79,10 +85,41 @@ pub fn gateway_cli(args: &[&str]) -> (i32, String, String) {
 }
 
 pub fn gateway_serve(db: &Path, extra: &[&str]) -> Proc {
-    let db = db.to_str().expect("utf-8 temp path");
-    let mut args = vec!["serve", "--db", db, "--listen", "127.0.0.1:0"];
-    args.extend_from_slice(extra);
-    spawn_listening(env!("CARGO_BIN_EXE_gateway"), &args)
+    let mut command = gateway_serve_command(db, extra);
+    command.stderr(Stdio::inherit());
+    spawn_command(command)
+}
+
+/// `gateway serve --db DB --listen 127.0.0.1:0 extra...`, not started yet.
+pub fn gateway_serve_command(db: &Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
+    command
+        .args(["serve", "--db", db.to_str().expect("utf-8 temp path")])
+        .args(["--listen", "127.0.0.1:0"])
+        .args(extra);
+    command
+}
+
+/// Like [`gateway_serve`], with stderr going to `log` for the test to read.
+pub fn gateway_serve_logged(db: &Path, extra: &[&str], log: &Path) -> Proc {
+    let mut command = gateway_serve_command(db, extra);
+    command.stderr(std::fs::File::create(log).expect("creating the gateway log"));
+    spawn_command(command)
+}
+
+/// Waits (bounded) for the process to exit by itself; its exit status.
+pub fn wait_exit(proc: &mut Proc, within: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = proc.child.try_wait().expect("try_wait") {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the process did not exit within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 pub struct Reply {
@@ -127,9 +164,23 @@ pub fn try_http(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Result<Reply, String> {
-    let mut stream = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+    try_http_within(addr, method, path, headers, body, Duration::from_secs(30))
+}
+
+/// Like [`try_http`], giving up on connecting or on any read after `timeout`.
+pub fn try_http_within(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+) -> Result<Reply, String> {
+    let addr_parsed: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let mut stream =
+        TcpStream::connect_timeout(&addr_parsed, timeout).map_err(|e| format!("connect: {e}"))?;
     stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
+        .set_read_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
@@ -160,6 +211,16 @@ pub fn try_act(
     req_id: Option<u64>,
     body: &str,
 ) -> Result<Reply, String> {
+    try_act_within(addr, key, req_id, body, Duration::from_secs(30))
+}
+
+pub fn try_act_within(
+    addr: &str,
+    key: Option<&str>,
+    req_id: Option<u64>,
+    body: &str,
+    timeout: Duration,
+) -> Result<Reply, String> {
     let auth = key.map(|k| format!("Bearer {k}"));
     let id = req_id.map(|id| id.to_string());
     let mut headers = vec![("content-type", "application/json")];
@@ -169,7 +230,7 @@ pub fn try_act(
     if let Some(id) = &id {
         headers.push(("x-request-id", id));
     }
-    try_http(addr, "POST", "/v1/act", &headers, body.as_bytes())
+    try_http_within(addr, "POST", "/v1/act", &headers, body.as_bytes(), timeout)
 }
 
 /// `gateway receipts --db` parsed into JSON values.
@@ -178,6 +239,20 @@ pub fn receipts(db: &Path) -> Vec<serde_json::Value> {
     assert_eq!(code, 0, "receipts failed: {err}");
     out.lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad receipt line {l:?}: {e}")))
+        .collect()
+}
+
+/// Asserts the ledger verifies; returns the ids in `ids` that have no receipt.
+pub fn without_receipt(db: &Path, ids: &[u64]) -> Vec<u64> {
+    let (code, out, err) = gateway_cli(&["verify", "--db", db.to_str().expect("utf-8")]);
+    assert_eq!(code, 0, "verify failed: {out}{err}");
+    let stored: std::collections::HashSet<u64> = receipts(db)
+        .iter()
+        .filter_map(|r| r["request_id"].as_u64())
+        .collect();
+    ids.iter()
+        .copied()
+        .filter(|id| !stored.contains(id))
         .collect()
 }
 
@@ -239,7 +314,11 @@ pub struct Demo {
 
 impl Demo {
     pub fn new() -> Demo {
-        let upstream = mock_upstream(0);
+        Demo::with_upstream(mock_upstream(0))
+    }
+
+    /// A demo whose service calls `upstream`.
+    pub fn with_upstream(upstream: Proc) -> Demo {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = dir.path().join("gateway.db");
         let url = format!("http://{}", upstream.addr);

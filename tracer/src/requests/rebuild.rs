@@ -40,6 +40,10 @@
 //!   duplicate or unmatched poll events, an unknown phase id, a begin for an id still open, events for an id
 //!   whose begin was never seen (once per id), a loss span over its interval, or no `t_done`
 //!   within [`MAX_OPEN_NS`]. Later events for a finished id are ignored.
+//! - Requests are keyed by the gateway's probe id (`RequestBegin` a0, unique per process);
+//!   outcomes carry the client's `x-request-id` (a2; 0 from a gateway that passes none: the
+//!   probe id). A begin whose client id or probe id was seen among the last [`RECENT_IDS`]
+//!   is reported incomplete ("duplicate id"), not dropped.
 //! - Outcomes are held for [`HOLD_NS`] of event time after they are decided, so a loss
 //!   reported late (the loss counter is polled) still turns the requests it overlaps into
 //!   `Incomplete`. They come out ordered by (decision ts = `t_done` for complete ones, req id).
@@ -140,6 +144,8 @@ impl OnCpu<'_> {
 #[derive(Debug)]
 struct OpenRequest {
     req_id: u64,
+    /// The client's id, which outcomes carry.
+    client_id: u64,
     begin_ts: u64,
     begin_tid: u32,
     client_fd: u64,
@@ -204,6 +210,8 @@ pub struct Rebuilder {
     /// Per thread, the requests it is polling, innermost last.
     polling: HashMap<u32, Vec<u64>>,
     finished: RecentIds,
+    /// Client ids of recently begun requests.
+    clients: RecentIds,
     losses: Vec<(u64, u64)>,
     held: BTreeMap<(u64, u64), Outcome>,
     next_maintenance: u64,
@@ -343,9 +351,10 @@ impl Rebuilder {
         let mut ids: Vec<u64> = self.open.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
-            self.open.remove(&id);
+            if let Some(req) = self.open.remove(&id) {
+                out.push(incomplete(req.client_id, "still open at end"));
+            }
             self.finished.insert(id);
-            out.push(incomplete(id, "still open at end"));
         }
         self.by_client_fd.clear();
         self.by_upstream_fd.clear();
@@ -362,11 +371,8 @@ impl Rebuilder {
         self.open.get_mut(&id)
     }
 
-    fn decide(&mut self, key_ts: u64, outcome: Outcome) {
-        let id = match &outcome {
-            Outcome::Complete(r) => r.req_id,
-            Outcome::Incomplete(i) => i.req_id,
-        };
+    /// Holds `outcome` of the request with probe id `id` (unique, where client ids may repeat).
+    fn decide(&mut self, key_ts: u64, id: u64, outcome: Outcome) {
         self.held.insert((key_ts, id), outcome);
     }
 
@@ -385,7 +391,7 @@ impl Rebuilder {
     fn abandon(&mut self, id: u64, reason: &str) {
         if let Some(req) = self.open.remove(&id) {
             self.forget(&req);
-            self.decide(self.now, incomplete(id, reason));
+            self.decide(self.now, id, incomplete(req.client_id, reason));
         }
     }
 
@@ -394,7 +400,7 @@ impl Rebuilder {
         if !self.open.contains_key(&id) {
             if !self.finished.contains(id) {
                 self.finished.insert(id);
-                self.decide(self.now, incomplete(id, "request begin not seen"));
+                self.decide(self.now, id, incomplete(id, "request begin not seen"));
             }
             return None;
         }
@@ -420,10 +426,13 @@ impl Rebuilder {
         let Some(site) = Site::from_id(ev.sub) else {
             return;
         };
-        let [a0, a1, _] = ev.args;
+        let [a0, a1, a2] = ev.args;
         let (ts, tid) = (ev.ts_ns, ev.tid);
         match site {
-            Site::RequestBegin => self.request_begin(ts, tid, a0, a1),
+            Site::RequestBegin => {
+                let client_id = if a2 == 0 { a0 } else { a2 };
+                self.request_begin(ts, tid, a0, a1, client_id)
+            }
             Site::RequestEnd => {
                 self.stop_polling(tid, a0);
                 let Some(r) = self.request(a0) else { return };
@@ -517,12 +526,18 @@ impl Rebuilder {
         }
     }
 
-    fn request_begin(&mut self, ts: u64, tid: u32, id: u64, fd: u64) {
+    fn request_begin(&mut self, ts: u64, tid: u32, id: u64, fd: u64, client_id: u64) {
         if self.open.contains_key(&id) {
             self.abandon(id, "duplicate request begin");
             return;
         }
-        if self.finished.contains(id) {
+        let duplicate = self.finished.contains(id) || self.clients.contains(client_id);
+        self.clients.insert(client_id);
+        if duplicate {
+            // Held under its own probe id, so it replaces no other outcome; its later events
+            // are ignored.
+            self.finished.insert(id);
+            self.decide(ts, id, incomplete(client_id, "duplicate id"));
             return;
         }
         if let Some(&old) = self.by_client_fd.get(&fd) {
@@ -541,7 +556,7 @@ impl Rebuilder {
             Ok(t) => t,
             Err(reason) => {
                 self.finished.insert(id);
-                self.decide(ts, incomplete(id, reason));
+                self.decide(ts, id, incomplete(client_id, reason));
                 return;
             }
         };
@@ -570,6 +585,7 @@ impl Rebuilder {
             id,
             OpenRequest {
                 req_id: id,
+                client_id,
                 begin_ts: ts,
                 begin_tid: tid,
                 client_fd: fd,
@@ -688,9 +704,9 @@ impl Rebuilder {
         self.forget(&req);
         let outcome = match self.complete(&req, enter) {
             Ok(record) => Outcome::Complete(record),
-            Err(reason) => incomplete(id, reason),
+            Err(reason) => incomplete(req.client_id, reason),
         };
-        self.decide(enter, outcome);
+        self.decide(enter, id, outcome);
     }
 
     fn data_ready(&mut self, ev: &Event) {
@@ -841,7 +857,7 @@ impl Rebuilder {
         }
         let built = tl.build(t_arrive, t_done)?;
         let overhead_ns = built.parts.iter().sum::<u64>() - built.parts[Part::Upstream.index()];
-        let waits = if self.wait_for && self.charged.wants(req.req_id, overhead_ns) {
+        let waits = if self.wait_for && self.charged.wants(req.client_id, overhead_ns) {
             let sources = Sources {
                 cpus: &self.cpus,
                 activity: &self.activity,
@@ -853,7 +869,7 @@ impl Rebuilder {
             None
         };
         Ok(RequestRecord {
-            req_id: req.req_id,
+            req_id: req.client_id,
             status,
             t_arrive_ns: t_arrive,
             t_done_ns: t_done,

@@ -36,8 +36,21 @@ impl Stream {
         self.ev(ts, tid, kind::SITE, site as u16, args)
     }
 
+    /// A begin without the client's id (0): outcomes carry the probe id `req`.
     pub fn request_begin(&mut self, ts: u64, tid: u32, req: u64, client_fd: u64) -> &mut Self {
-        self.site(ts, tid, Site::RequestBegin, [req, client_fd, 0])
+        self.client_request_begin(ts, tid, req, client_fd, 0)
+    }
+
+    /// A begin with the client's `x-request-id` as well as the gateway's probe id `req`.
+    pub fn client_request_begin(
+        &mut self,
+        ts: u64,
+        tid: u32,
+        req: u64,
+        client_fd: u64,
+        client_id: u64,
+    ) -> &mut Self {
+        self.site(ts, tid, Site::RequestBegin, [req, client_fd, client_id])
     }
 
     pub fn request_end(&mut self, ts: u64, tid: u32, req: u64, status: u16) -> &mut Self {

@@ -1,0 +1,132 @@
+//! Issue 21, item 14: no upstream action without a receipt, when the gateway is stopped with
+//! SIGTERM under load or a client resets mid-request.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Demo, spawn_listening, try_act, wait_exit, without_receipt};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::socket::{setsockopt, sockopt};
+use nix::unistd::Pid;
+
+const CLIENTS: u64 = 8;
+const RESETTERS: u64 = 4;
+
+fn body(id: u64) -> String {
+    format!(
+        r#"{{"service":"demo","action":"echo","on_behalf_of":"user-1","params":{{"id":{id}}}}}"#
+    )
+}
+
+/// Sends an act request, waits until it is surely at the upstream, then resets the connection.
+fn act_and_reset(addr: &str, key: &str, id: u64) {
+    let Ok(mut stream) = TcpStream::connect(addr) else {
+        return;
+    };
+    let body = body(id);
+    let request = format!(
+        "POST /v1/act HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {key}\r\n\
+         x-request-id: {id}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    if stream.write_all(request.as_bytes()).is_err() {
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    // Linger 0: close sends RST, not FIN.
+    let _ = setsockopt(
+        &stream,
+        sockopt::Linger,
+        &libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        },
+    );
+}
+
+#[test]
+fn item_14_sigterm_and_client_resets_leave_no_action_without_receipt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ids_log = dir.path().join("upstream-ids");
+    let upstream = spawn_listening(
+        env!("CARGO_BIN_EXE_mock-upstream"),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--delay-ms",
+            "300",
+            "--log-ids",
+            ids_log.to_str().expect("utf-8"),
+        ],
+    );
+    let demo = Demo::with_upstream(upstream);
+    let mut server = demo.serve();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..CLIENTS + RESETTERS)
+        .map(|c| {
+            let (addr, key) = (server.addr.clone(), demo.key.clone());
+            let (stop, answered) = (stop.clone(), answered.clone());
+            std::thread::spawn(move || {
+                for i in 0.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let id = c * 100_000 + i + 1;
+                    if c >= CLIENTS {
+                        act_and_reset(&addr, &key, id);
+                    } else if try_act(&addr, Some(&key), Some(id), &body(id))
+                        .is_ok_and(|r| r.status == 200)
+                    {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        // Refused or cut off: the gateway is stopping.
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            })
+        })
+        .collect();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while answered.load(Ordering::Relaxed) < 2 * CLIENTS as usize {
+        assert!(Instant::now() < deadline, "too few answers before SIGTERM");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    kill(Pid::from_raw(server.child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+    let status = wait_exit(&mut server, Duration::from_secs(30));
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().expect("client thread");
+    }
+    assert!(
+        status.success(),
+        "the gateway exited with {status} on SIGTERM"
+    );
+
+    // The upstream has answered everything it got; then compare.
+    std::thread::sleep(Duration::from_millis(500));
+    let seen: Vec<u64> = std::fs::read_to_string(&ids_log)
+        .expect("upstream ids")
+        .lines()
+        .map(|l| l.parse().expect("id line"))
+        .collect();
+    assert!(
+        seen.iter()
+            .any(|id| id % 100_000 > 0 && id / 100_000 >= CLIENTS),
+        "no reset request reached the upstream"
+    );
+    let missing = without_receipt(&demo.db, &seen);
+    assert!(
+        missing.is_empty(),
+        "the upstream acted on {} of {} requests without a receipt: {missing:?}",
+        missing.len(),
+        seen.len()
+    );
+}
