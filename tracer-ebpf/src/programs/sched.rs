@@ -8,8 +8,8 @@ use aya_ebpf::{
 use tracer_ebpf::{
     abi::{Config, kind, switch},
     tracepoints::{
-        FORK_CHILD_PID, FORK_CHILD_PID_FIXED_COMM, Field, SWITCH_NEXT_COMM, SWITCH_NEXT_PID,
-        SWITCH_PREV_STATE, TASK_REPORT_MAX, WAKEUP_PID,
+        EXIT_DEAD, EXIT_ZOMBIE, FORK_CHILD_PID, FORK_CHILD_PID_FIXED_COMM, Field, SWITCH_NEXT_COMM,
+        SWITCH_NEXT_PID, SWITCH_PREV_STATE, TASK_REPORT_MAX, WAKEUP_PID,
     },
 };
 
@@ -79,7 +79,10 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         } else {
             (-1i64 as u64, -1i64 as u64)
         };
-        if !is_target_tid(prev_tid) {
+        // A dying thread's last switch-out comes after sched_process_exit removed it: adding
+        // it back would leak its TIDS entry, and a reused tid would then pass as the target's.
+        let exiting = prev_state & (EXIT_DEAD | EXIT_ZOMBIE) != 0;
+        if !exiting && !is_target_tid(prev_tid) {
             add_target_tid(prev_tid);
         }
         // Who took the CPU: the wait-for view charges a waiting request's time to it.
