@@ -214,7 +214,7 @@ impl Session {
             modes.push(AttachMode {
                 group: "sites",
                 mode: "uprobe",
-                detail: format!("{n} probe sites{which} in {}", target.exe.display()),
+                detail: format!("{n} probe sites{which} in {}", target.exe_name.display()),
             });
         }
         for group in &options.skip {
@@ -301,4 +301,38 @@ fn attach_tracepoint(
         .attach(category, name)
         .with_context(|| format!("attaching {category}:{name}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use object::{Object as _, ObjectSection as _, SectionKind};
+
+    /// BPF_STX | BPF_DW | BPF_ATOMIC, with imm BPF_ADD: `lock *(u64 *)(dst + off) += src`.
+    fn atomic_adds(code: &[u8]) -> usize {
+        code.chunks_exact(8)
+            .filter(|insn| insn[0] == 0xdb && insn[4..8] == [0; 4])
+            .count()
+    }
+
+    /// Issue 21 item 11: LOSS and DROPS are bumped by an atomic add in every kind of program
+    /// that emits (a load and a store lose a count when a program nests in another).
+    #[test]
+    fn item11_counters_are_atomic_adds() {
+        if super::OBJECT.is_empty() {
+            return; // AYA_BUILD_SKIP: no programs to look at.
+        }
+        let file = object::File::parse(super::OBJECT).unwrap();
+        for name in ["uprobe", "tracepoint", "perf_event", "kretprobe"] {
+            let code: Vec<u8> = file
+                .sections()
+                .filter(|s| s.kind() == SectionKind::Text && s.name() == Ok(name))
+                .flat_map(|s| s.data().unwrap().to_vec())
+                .collect();
+            assert!(!code.is_empty(), "no {name} programs");
+            assert!(
+                atomic_adds(&code) > 0,
+                "{name} programs count without an atomic add"
+            );
+        }
+    }
 }
