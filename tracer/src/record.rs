@@ -3,7 +3,7 @@
 
 use std::{
     fs,
-    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
+    os::fd::{AsFd as _, BorrowedFd},
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -12,10 +12,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use rustix::{
-    event::{PollFd, PollFlags, Timespec, poll},
-    process::{Pid, PidfdFlags, pidfd_open},
-};
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use tracer_ebpf::abi::{Event, kind};
 
@@ -38,13 +35,6 @@ fn stop_signal() -> anyhow::Result<Arc<AtomicUsize>> {
             .context("installing signal handlers")?;
     }
     Ok(stop)
-}
-
-/// A pidfd: readable once the target has exited.
-fn open_pidfd(pid: u32) -> anyhow::Result<OwnedFd> {
-    let raw = i32::try_from(pid).context("pid out of range")?;
-    let target = Pid::from_raw(raw).context("pid 0")?;
-    pidfd_open(target, PidfdFlags::empty()).with_context(|| format!("pidfd_open({pid})"))
 }
 
 /// Waits up to `timeout` for the ring or the target; returns true if the target has exited.
@@ -165,7 +155,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     fs::create_dir_all(&args.out)
         .with_context(|| format!("creating output directory {}", args.out.display()))?;
     let stop = stop_signal()?;
-    let pidfd = open_pidfd(args.pid)?;
+    // Opened by Target::open before it checked the pid: readable once the target has exited.
+    let pidfd = target.pidfd.clone();
 
     let options = Options {
         sample_hz: args.sample_hz,

@@ -31,24 +31,24 @@ pub fn attached(phases: bool) -> impl Iterator<Item = Site> {
 pub fn attach(ebpf: &mut Ebpf, target: &Target, phases: bool) -> anyhow::Result<usize> {
     let mut count = 0;
     for site in attached(phases) {
-        attach_one(
-            ebpf,
-            &program_name(site),
-            site.symbol(),
-            &target.exe,
-            target.pid,
-        )
-        .with_context(|| format!("probe site {}", site.symbol()))?;
+        // The offset Target::open found the NOP5 at, in the file it opened: not looked up again.
+        let offset = *target
+            .site_offsets
+            .get(&site)
+            .with_context(|| format!("probe site {} was not checked", site.symbol()))?;
+        attach_one(ebpf, &program_name(site), offset, &target.exe, target.pid)
+            .with_context(|| format!("probe site {}", site.symbol()))?;
         count += 1;
     }
     Ok(count)
 }
 
-/// Loads (once) and attaches one site program to `symbol` of `binary` for process `pid`.
+/// Loads (once) and attaches one site program at file offset `offset` of `binary` for
+/// process `pid`.
 pub fn attach_one(
     ebpf: &mut Ebpf,
     program: &str,
-    symbol: &str,
+    offset: u64,
     binary: &std::path::Path,
     pid: NonZeroU32,
 ) -> anyhow::Result<()> {
@@ -62,7 +62,7 @@ pub fn attach_one(
             .with_context(|| format!("loading {program}"))?;
     }
     uprobe
-        .attach(symbol, binary, UProbeScope::OneProcess(pid))
-        .with_context(|| format!("attaching uprobe to {symbol} in {}", binary.display()))?;
+        .attach(offset, binary, UProbeScope::OneProcess(pid))
+        .with_context(|| format!("attaching uprobe at {offset:#x} in {}", binary.display()))?;
     Ok(())
 }
