@@ -278,6 +278,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
 
     let detaching = Instant::now();
     sink.hooks.before_detach();
+    let recursion_misses = session.recursion_misses()?;
     session.detach();
     let detach_s = detaching.elapsed().as_secs_f64();
     stream.finish(&mut sink)?;
@@ -328,6 +329,11 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     }
     let mut drops_json = crate::events::drops::to_json(&kernel_drops);
     drops_json["established_unclaimed"] = unclaimed.into();
+    if let Some(warning) =
+        crate::events::drops::add_recursion_misses(&mut drops_json, &recursion_misses)
+    {
+        eprintln!("{warning}");
+    }
     sink.writer.add_section("drops", drops_json);
     sink.writer.add_section(
         "tracer",

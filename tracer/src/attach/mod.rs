@@ -9,11 +9,12 @@ pub mod samples;
 pub mod sched;
 pub mod sites;
 pub mod sockets;
+pub mod stats;
 pub mod syscalls;
 pub mod target;
 pub mod tracefs;
 
-use std::fmt;
+use std::{fmt, os::fd::AsFd as _};
 
 use anyhow::{Context as _, bail};
 use aya::{
@@ -248,6 +249,24 @@ impl Session {
             .filter_map(|(_, program)| program.info().ok())
             .map(|info| info.id())
             .collect()
+    }
+
+    /// Per loaded program, the times the kernel skipped it because another BPF program ran on
+    /// that CPU (nonzero ones only, by name). Read before detach: unloading loses them.
+    pub fn recursion_misses(&self) -> anyhow::Result<Vec<(String, u64)>> {
+        let mut misses = Vec::new();
+        for (name, program) in self.ebpf.programs() {
+            let Ok(fd) = program.fd() else {
+                continue; // never loaded (another attach mode's variant)
+            };
+            let n =
+                stats::recursion_misses(fd.as_fd()).with_context(|| format!("program {name}"))?;
+            if n > 0 {
+                misses.push((name.to_owned(), n));
+            }
+        }
+        misses.sort();
+        Ok(misses)
     }
 
     pub fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
