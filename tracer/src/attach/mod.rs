@@ -269,6 +269,16 @@ impl Session {
         Ok(misses)
     }
 
+    /// The threads TIDS holds now: once the target has exited, none should be left.
+    pub fn target_tids(&self) -> anyhow::Result<Vec<u32>> {
+        let map = self
+            .ebpf
+            .map("TIDS")
+            .context("map TIDS missing from the eBPF object")?;
+        let tids = HashMap::<_, u32, u8>::try_from(map)?;
+        Ok(tids.keys().collect::<Result<_, _>>()?)
+    }
+
     pub fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
         Ok(RingBuf::try_from(take(&mut self.ebpf, "EVENTS")?)?)
     }
