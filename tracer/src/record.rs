@@ -187,6 +187,9 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     for mode in &session.modes {
         eprintln!("tracer: attach {mode}");
     }
+    if let Some(warning) = crate::attach::syscalls::fallback_warning(plan.syscalls) {
+        eprintln!("{warning}");
+    }
     let mut stream = EventStream::new(
         session.take_events()?,
         session.take_loss()?,
