@@ -26,6 +26,11 @@ use super::{
 #[map]
 static NAMED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1024, 0);
 
+/// Threads of the target that passed sched_process_exit: a switch-out does not re-add them.
+/// A fork that reuses the tid takes it out again. LRU: a thread is gone moments after.
+#[map]
+static EXITED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1024, 0);
+
 #[inline(always)]
 fn cpu() -> u32 {
     // SAFETY: no preconditions.
@@ -79,10 +84,14 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         } else {
             (-1i64 as u64, -1i64 as u64)
         };
-        // A dying thread's last switch-out comes after sched_process_exit removed it: adding
-        // it back would leak its TIDS entry, and a reused tid would then pass as the target's.
-        let exiting = prev_state & (EXIT_DEAD | EXIT_ZOMBIE) != 0;
-        if !exiting && !is_target_tid(prev_tid) {
+        // A dying thread switches out after sched_process_exit removed it: for the last time
+        // (prev_state X or Z), or preempted on its way there. Adding it back would leak its
+        // TIDS entry, and a reused tid would then pass as the target's.
+        if !is_target_tid(prev_tid)
+            && prev_state & (EXIT_DEAD | EXIT_ZOMBIE) == 0
+            // SAFETY: only tested for presence.
+            && unsafe { EXITED.get(prev_tid) }.is_none()
+        {
             add_target_tid(prev_tid);
         }
         // Who took the CPU: the wait-for view charges a waiting request's time to it.
@@ -136,6 +145,7 @@ fn fork(ctx: &TracePointContext, child_pid: Field) -> u32 {
     // Runs in the parent's context.
     if current().0 == config.tgid {
         let child = field::<i32>(ctx, child_pid) as u32;
+        let _ = EXITED.remove(child);
         add_target_tid(child);
     }
     0
@@ -158,6 +168,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let Some(tid) = current_target_tid() else {
         return 0;
     };
+    let _ = EXITED.insert(tid, 1, 0);
     let _ = TIDS.remove(tid);
     let _ = IN_FLIGHT.remove(tid);
     0
