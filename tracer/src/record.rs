@@ -330,6 +330,14 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
              served by the target (another network namespace on the same port?)"
         );
     }
+    let evicted = crate::events::drops::target_socks_evicted_at_least(&kernel_drops);
+    if evicted > 0 {
+        eprintln!(
+            "tracer: WARNING at least {evicted} sockets were evicted from the kernel's set of the \
+             target's sockets (full with sockets of other network namespaces on the listening \
+             port?); their data arrivals until the next read were not seen"
+        );
+    }
     let mut drops_json = crate::events::drops::to_json(&kernel_drops);
     drops_json["established_unclaimed"] = unclaimed.into();
     if let Some(warning) =

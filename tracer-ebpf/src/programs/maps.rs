@@ -12,7 +12,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use tracer_ebpf::{
-    abi::{Config, Drops, Event, LOSS_SLOT, Loss},
+    abi::{Config, Drops, Event, LOSS_SLOT, Loss, TARGET_SOCKS_ENTRIES},
     tracepoints::Field,
 };
 
@@ -39,7 +39,8 @@ pub static TIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
 /// Sockets the target has touched (sk pointer → last fd sent, `u64::MAX` if not yet known).
 /// Entries go at TCP_CLOSE; LRU so that a missed close can never fill the map.
 #[map]
-pub static TARGET_SOCKS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+pub static TARGET_SOCKS: LruHashMap<u64, u64> =
+    LruHashMap::with_max_entries(TARGET_SOCKS_ENTRIES, 0);
 
 /// Local TCP ports the target listens on (host byte order).
 #[map]

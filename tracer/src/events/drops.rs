@@ -2,7 +2,7 @@
 //! end: nothing is dropped silently, it is counted and reported in breakdown.json.
 
 use aya::maps::{MapData, PerCpuArray};
-use tracer_ebpf::abi::Drops;
+use tracer_ebpf::abi::{Drops, TARGET_SOCKS_ENTRIES};
 
 /// Sum of the per-CPU records.
 pub fn fold(per_cpu: impl IntoIterator<Item = Drops>) -> Drops {
@@ -11,11 +11,23 @@ pub fn fold(per_cpu: impl IntoIterator<Item = Drops>) -> Drops {
         in_flight_full: acc.in_flight_full + d.in_flight_full,
         stack_failed: acc.stack_failed + d.stack_failed,
         forced_wakeups: acc.forced_wakeups + d.forced_wakeups,
+        socks_added: acc.socks_added + d.socks_added,
+        socks_removed: acc.socks_removed + d.socks_removed,
     })
 }
 
 pub fn read(map: &PerCpuArray<MapData, Drops>) -> anyhow::Result<Drops> {
     Ok(fold(map.get(&0, 0)?.iter().copied()))
+}
+
+/// TARGET_SOCKS entries the LRU map must have evicted: more were added than removed and fit.
+/// A lower bound (the kernel does not report evictions; an LRU map can evict before it is
+/// full). An evicted socket of the target loses its data-ready events until it is read again.
+pub fn target_socks_evicted_at_least(drops: &Drops) -> u64 {
+    drops
+        .socks_added
+        .saturating_sub(drops.socks_removed)
+        .saturating_sub(u64::from(TARGET_SOCKS_ENTRIES))
 }
 
 pub fn to_json(drops: &Drops) -> serde_json::Value {
@@ -24,6 +36,7 @@ pub fn to_json(drops: &Drops) -> serde_json::Value {
         "in_flight_full": drops.in_flight_full,
         "stack_failed": drops.stack_failed,
         "forced_wakeups": drops.forced_wakeups,
+        "target_socks_evicted_at_least": target_socks_evicted_at_least(drops),
     })
 }
 
@@ -63,6 +76,8 @@ mod tests {
             in_flight_full: 2,
             stack_failed: 3,
             forced_wakeups: 4,
+            socks_added: 5,
+            socks_removed: 6,
         };
         let sum = fold([one, one]);
         assert_eq!(
@@ -70,9 +85,30 @@ mod tests {
                 sum.tids_full,
                 sum.in_flight_full,
                 sum.stack_failed,
-                sum.forced_wakeups
+                sum.forced_wakeups,
+                sum.socks_added,
+                sum.socks_removed
             ),
-            (2, 4, 6, 8)
+            (2, 4, 6, 8, 10, 12)
+        );
+    }
+
+    /// Issue 21 item 10: more sockets added than removed and than TARGET_SOCKS holds means
+    /// the LRU map evicted that many at least; none is claimed otherwise.
+    #[test]
+    fn item10_target_socks_evictions_counted() {
+        let cap = u64::from(TARGET_SOCKS_ENTRIES);
+        let drops = |socks_added, socks_removed| Drops {
+            socks_added,
+            socks_removed,
+            ..Drops::default()
+        };
+        assert_eq!(target_socks_evicted_at_least(&drops(cap, 0)), 0);
+        assert_eq!(target_socks_evicted_at_least(&drops(cap + 7, 2)), 5);
+        assert_eq!(target_socks_evicted_at_least(&drops(10, 20)), 0);
+        assert_eq!(
+            to_json(&drops(cap + 1, 0))["target_socks_evicted_at_least"],
+            1
         );
     }
 
