@@ -282,6 +282,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let detaching = Instant::now();
     sink.hooks.before_detach();
     let recursion_misses = session.recursion_misses()?;
+    let kretprobe_missed = session.kretprobe_missed();
     session.detach();
     let detach_s = detaching.elapsed().as_secs_f64();
     stream.finish(&mut sink)?;
@@ -340,6 +341,11 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     }
     let mut drops_json = crate::events::drops::to_json(&kernel_drops);
     drops_json["established_unclaimed"] = unclaimed.into();
+    if let Some(warning) =
+        crate::events::drops::add_kretprobe_missed(&mut drops_json, kretprobe_missed.as_deref())
+    {
+        eprintln!("{warning}");
+    }
     if let Some(warning) =
         crate::events::drops::add_recursion_misses(&mut drops_json, &recursion_misses)
     {

@@ -115,6 +115,8 @@ impl fmt::Display for AttachMode {
 pub struct Session {
     ebpf: Ebpf,
     pub modes: Vec<AttachMode>,
+    /// The syscall kprobes' links, when syscalls are kprobes (dropped with the session).
+    kprobes: stats::KprobeLinks,
 }
 
 impl Session {
@@ -168,6 +170,7 @@ impl Session {
         }
 
         let mut modes = Vec::new();
+        let mut kprobes = stats::KprobeLinks::default();
         if options.attaches(Group::Sched) {
             let n = sched::attach_rest(&mut ebpf)?;
             modes.push(AttachMode {
@@ -180,7 +183,8 @@ impl Session {
             });
         }
         if options.attaches(Group::Syscalls) {
-            syscalls::attach(&mut ebpf, plan.syscalls, btf.as_ref())?;
+            let links = syscalls::attach(&mut ebpf, plan.syscalls, btf.as_ref())?;
+            kprobes = stats::KprobeLinks::take(&mut ebpf, links)?;
             modes.push(AttachMode {
                 group: "syscalls",
                 mode: plan.syscalls.as_str(),
@@ -239,7 +243,11 @@ impl Session {
                 ),
             });
         }
-        Ok(Session { ebpf, modes })
+        Ok(Session {
+            ebpf,
+            modes,
+            kprobes,
+        })
     }
 
     /// Kernel ids of the loaded programs, so a test can check none outlives the session.
@@ -267,6 +275,12 @@ impl Session {
         }
         misses.sort();
         Ok(misses)
+    }
+
+    /// Per syscall kretprobe, the calls whose exit it missed (its instances ran out); `None`
+    /// where the kernel does not say. Empty unless syscalls are kprobes.
+    pub fn kretprobe_missed(&self) -> Option<Vec<(String, u64)>> {
+        self.kprobes.kretprobe_missed()
     }
 
     /// The threads TIDS holds now: once the target has exited, none should be left.
@@ -298,6 +312,7 @@ impl Session {
 
     /// Detaches every link and unloads every program (what dropping does, said out loud).
     pub fn detach(self) {
+        drop(self.kprobes);
         drop(self.ebpf);
     }
 }

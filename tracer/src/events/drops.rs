@@ -65,6 +65,33 @@ pub fn add_recursion_misses(
     })
 }
 
+/// Adds the syscall kretprobes' missed exits (their instances ran out) to the `drops`
+/// section: the sum and the programs with any, or null where the kernel does not say (0
+/// unless syscalls were kprobes). Returns the warning to print, if any exit was missed.
+pub fn add_kretprobe_missed(
+    drops: &mut serde_json::Value,
+    missed: Option<&[(String, u64)]>,
+) -> Option<String> {
+    let Some(missed) = missed else {
+        drops["kretprobe_missed"] = serde_json::Value::Null;
+        return None;
+    };
+    let total: u64 = missed.iter().map(|(_, n)| n).sum();
+    drops["kretprobe_missed"] = total.into();
+    drops["kretprobe_missed_by_program"] = missed
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| (name.clone(), (*n).into()))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    (total > 0).then(|| {
+        format!(
+            "tracer: WARNING {total} syscall exits were missed by kretprobes with no free \
+             instance; requests that needed them are incomplete or misattributed"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +136,26 @@ mod tests {
         assert_eq!(
             to_json(&drops(cap + 1, 0))["target_socks_evicted_at_least"],
             1
+        );
+    }
+
+    /// Issue 21 item 9: kretprobe misses are reported under `drops`, null where unknown.
+    #[test]
+    fn item9_kretprobe_missed_in_drops() {
+        let mut drops = to_json(&Drops::default());
+        assert_eq!(add_kretprobe_missed(&mut drops, None), None);
+        assert!(drops["kretprobe_missed"].is_null());
+        assert_eq!(add_kretprobe_missed(&mut drops, Some(&[])), None);
+        assert_eq!(drops["kretprobe_missed"], 0);
+        let missed = [
+            ("kretprobe_sys_read".to_owned(), 4),
+            ("kretprobe_sys_write".to_owned(), 0),
+        ];
+        let warning = add_kretprobe_missed(&mut drops, Some(&missed)).unwrap();
+        assert!(warning.contains("4 syscall exits"), "{warning}");
+        assert_eq!(
+            drops["kretprobe_missed_by_program"],
+            serde_json::json!({"kretprobe_sys_read": 4})
         );
     }
 
