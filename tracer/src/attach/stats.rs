@@ -16,6 +16,27 @@ use aya_obj::generated::{
 
 use super::hooks::Link;
 
+/// bpf(2) with `cmd` and `attr`: the non-negative result, or errno.
+///
+/// # Safety
+/// `attr` must be valid for `cmd`, and any pointer in it must point to memory that is valid
+/// for what the kernel writes there.
+unsafe fn sys_bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<i64> {
+    // SAFETY: the caller's promise.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            std::ptr::from_mut(attr),
+            size_of::<bpf_attr>(),
+        )
+    };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ret)
+}
+
 /// BPF_OBJ_GET_INFO_BY_FD into a zeroed `T` (the kernel fills the fields it knows).
 fn info_by_fd<T>(fd: BorrowedFd<'_>) -> std::io::Result<T> {
     // SAFETY: both are plain C structs of integers, for which all zeroes is a valid value.
@@ -25,18 +46,8 @@ fn info_by_fd<T>(fd: BorrowedFd<'_>) -> std::io::Result<T> {
     attr.info.bpf_fd = fd.as_raw_fd() as u32;
     attr.info.info_len = size_of::<T>() as u32;
     attr.info.info = (&raw mut info) as u64;
-    // SAFETY: `attr` is a valid bpf_attr whose `info` points to `size_of::<T>()` writable bytes.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as libc::c_long,
-            &raw mut attr,
-            size_of::<bpf_attr>(),
-        )
-    };
-    if ret < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    // SAFETY: `info` points to `size_of::<T>()` writable bytes.
+    unsafe { sys_bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr) }?;
     Ok(info)
 }
 
@@ -53,20 +64,10 @@ fn link_fd_by_id(id: u32) -> std::io::Result<OwnedFd> {
     // SAFETY: all zeroes is a valid bpf_attr.
     let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
     attr.__bindgen_anon_6.__bindgen_anon_1.link_id = id;
-    // SAFETY: a valid bpf_attr for this command.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            bpf_cmd::BPF_LINK_GET_FD_BY_ID as libc::c_long,
-            &raw mut attr,
-            size_of::<bpf_attr>(),
-        )
-    };
-    if ret < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    // SAFETY: a valid bpf_attr for this command, with no pointers.
+    let fd = unsafe { sys_bpf(bpf_cmd::BPF_LINK_GET_FD_BY_ID, &mut attr) }?;
     // SAFETY: the kernel returned a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(ret as i32) })
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Missed hits of a kprobe or kretprobe perf link (for a kretprobe: calls entered with no free
