@@ -136,10 +136,19 @@ pub struct Drops {
     pub stack_failed: u64,
     /// Submits that woke the reader because the ring was fuller than `Config::wakeup_bytes`.
     pub forced_wakeups: u64,
+    /// Sockets added to TARGET_SOCKS (new keys only) and removed from it at TCP_CLOSE. The
+    /// map is LRU and ESTABLISHED matches by port in any network namespace, so foreign sockets
+    /// can evict the target's; the kernel does not say when it evicts, but at least
+    /// `added - removed - TARGET_SOCKS_ENTRIES` entries were (see `events/drops.rs`).
+    pub socks_added: u64,
+    pub socks_removed: u64,
 }
 
+/// TARGET_SOCKS's capacity.
+pub const TARGET_SOCKS_ENTRIES: u32 = 65536;
+
 #[cfg(feature = "user")]
-// SAFETY: repr(C), four u64s.
+// SAFETY: repr(C), six u64s.
 unsafe impl aya::Pod for Drops {}
 
 /// Filter configuration, written by user space into the `CONFIG` array before attaching.

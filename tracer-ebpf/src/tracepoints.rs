@@ -60,6 +60,12 @@ pub const FORK_VARIANTS: [(&str, Field); 2] = [
 /// preempted). User space derives TASK_REPORT_MAX from the print fmt and checks it is this.
 pub const TASK_REPORT_MAX: i64 = 0x100;
 
+/// `prev_state` bits of a task switched out for the last time ("X" EXIT_DEAD, "Z"
+/// EXIT_ZOMBIE: `__trace_sched_switch_state` reports its exit_state; TASK_DEAD itself is
+/// outside TASK_REPORT). The same on 6.1 and 6.18; user space checks them in the print fmt.
+pub const EXIT_DEAD: i64 = 0x10;
+pub const EXIT_ZOMBIE: i64 = 0x20;
+
 /// The send, receive and data-ready tracepoints (Linux 6.4+); kernels without them use fentry
 /// or kprobes on the functions they sit in (see `programs/sockets.rs`).
 pub const SOCK_IO_LAYOUTS: [Layout; 3] = [

@@ -3,7 +3,7 @@
 
 use std::{
     fs,
-    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
+    os::fd::{AsFd as _, BorrowedFd},
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -12,10 +12,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use rustix::{
-    event::{PollFd, PollFlags, Timespec, poll},
-    process::{Pid, PidfdFlags, pidfd_open},
-};
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use tracer_ebpf::abi::{Event, kind};
 
@@ -38,13 +35,6 @@ fn stop_signal() -> anyhow::Result<Arc<AtomicUsize>> {
             .context("installing signal handlers")?;
     }
     Ok(stop)
-}
-
-/// A pidfd: readable once the target has exited.
-fn open_pidfd(pid: u32) -> anyhow::Result<OwnedFd> {
-    let raw = i32::try_from(pid).context("pid out of range")?;
-    let target = Pid::from_raw(raw).context("pid 0")?;
-    pidfd_open(target, PidfdFlags::empty()).with_context(|| format!("pidfd_open({pid})"))
 }
 
 /// Waits up to `timeout` for the ring or the target; returns true if the target has exited.
@@ -165,7 +155,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     fs::create_dir_all(&args.out)
         .with_context(|| format!("creating output directory {}", args.out.display()))?;
     let stop = stop_signal()?;
-    let pidfd = open_pidfd(args.pid)?;
+    // Opened by Target::open before it checked the pid: readable once the target has exited.
+    let pidfd = target.pidfd.clone();
 
     let options = Options {
         sample_hz: args.sample_hz,
@@ -195,6 +186,9 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     }
     for mode in &session.modes {
         eprintln!("tracer: attach {mode}");
+    }
+    if let Some(warning) = crate::attach::syscalls::fallback_warning(plan.syscalls) {
+        eprintln!("{warning}");
     }
     let mut stream = EventStream::new(
         session.take_events()?,
@@ -287,6 +281,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
 
     let detaching = Instant::now();
     sink.hooks.before_detach();
+    let recursion_misses = session.recursion_misses()?;
+    let kretprobe_missed = session.kretprobe_missed();
     session.detach();
     let detach_s = detaching.elapsed().as_secs_f64();
     stream.finish(&mut sink)?;
@@ -335,8 +331,26 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
              served by the target (another network namespace on the same port?)"
         );
     }
+    let evicted = crate::events::drops::target_socks_evicted_at_least(&kernel_drops);
+    if evicted > 0 {
+        eprintln!(
+            "tracer: WARNING at least {evicted} sockets were evicted from the kernel's set of the \
+             target's sockets (full with sockets of other network namespaces on the listening \
+             port?); their data arrivals until the next read were not seen"
+        );
+    }
     let mut drops_json = crate::events::drops::to_json(&kernel_drops);
     drops_json["established_unclaimed"] = unclaimed.into();
+    if let Some(warning) =
+        crate::events::drops::add_kretprobe_missed(&mut drops_json, kretprobe_missed.as_deref())
+    {
+        eprintln!("{warning}");
+    }
+    if let Some(warning) =
+        crate::events::drops::add_recursion_misses(&mut drops_json, &recursion_misses)
+    {
+        eprintln!("{warning}");
+    }
     sink.writer.add_section("drops", drops_json);
     sink.writer.add_section(
         "tracer",

@@ -3,7 +3,11 @@
 //! User frames: the address is located in a snapshot of the target's `/proc/PID/maps`, turned
 //! into a file offset of the mapped ELF, and resolved by blazesym (ELF symbols and DWARF,
 //! inlined calls expanded, Rust and C++ names demangled). The snapshot is taken when the
-//! session starts, so frames still resolve after the target has exited. Kernel frames come
+//! session starts, so frames still resolve after the target has exited. With a live target
+//! each mapped file is opened then as the target sees it (`/proc/PID/map_files/<range>`, else
+//! `/proc/PID/root/<path>`), never by its path in the tracer's own mount namespace, where a
+//! container's `/usr/lib/...` is another file and would give wrong names; a mapping that
+//! cannot be opened that way shows as its module name. Kernel frames come
 //! from `/proc/kallsyms` and carry the `_[k]` suffix that inferno and perf use for kernel code.
 //!
 //! Generic argument lists are dropped from user frames (see [`shorten_generics`]). Every name
@@ -11,8 +15,9 @@
 //! and cached per address, and whole stacks are cached per stack id.
 
 use std::collections::HashMap;
-use std::fs;
-use std::path::PathBuf;
+use std::fs::{self, File};
+use std::os::fd::AsRawFd as _;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use anyhow::{Context, Result};
@@ -87,6 +92,16 @@ impl ProcessMaps {
     }
 }
 
+/// The file behind mapping `m` of `pid` as that process sees it: the mapping itself (needs
+/// CAP_SYS_ADMIN), else its path under the process's root (its mount namespace).
+fn open_as_seen_by(pid: u32, m: &ExecMapping) -> Option<File> {
+    let range = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+    File::open(range).ok().or_else(|| {
+        let relative = m.path.strip_prefix("/").unwrap_or(&m.path);
+        File::open(Path::new(&format!("/proc/{pid}/root")).join(relative)).ok()
+    })
+}
+
 fn parse_maps_line(line: &str) -> Option<ExecMapping> {
     let mut fields = line.split_ascii_whitespace();
     let (start, end) = fields.next()?.split_once('-')?;
@@ -159,6 +174,9 @@ pub fn kallsyms_readable() -> bool {
 pub struct Symbolizer {
     blaze: Blaze,
     maps: ProcessMaps,
+    /// The mapped files opened as the target sees them, by mapping path; `None`: the paths are
+    /// used as they are (a snapshot without a process, as in tests).
+    opened: Option<HashMap<PathBuf, File>>,
     kernel: bool,
     user_addrs: HashMap<u64, Rc<[String]>>,
     kernel_addrs: HashMap<u64, Rc<str>>,
@@ -170,13 +188,32 @@ impl Symbolizer {
     /// Snapshots the executable mappings of `pid` now; kernel frames resolve if kallsyms
     /// shows addresses.
     pub fn for_process(pid: u32) -> Result<Self> {
-        Ok(Self::new(ProcessMaps::read(pid)?))
+        Ok(Self::opened(pid, ProcessMaps::read(pid)?))
+    }
+
+    /// For the mappings `maps` of live process `pid`: each file is opened now through the
+    /// process's own view of it, and only those opened files are read.
+    pub fn opened(pid: u32, maps: ProcessMaps) -> Self {
+        let mut opened = HashMap::new();
+        for m in maps.mappings().iter().filter(|m| m.path.is_absolute()) {
+            if opened.contains_key(&m.path) {
+                continue;
+            }
+            if let Some(file) = open_as_seen_by(pid, m) {
+                opened.insert(m.path.clone(), file);
+            }
+        }
+        Symbolizer {
+            opened: Some(opened),
+            ..Self::new(maps)
+        }
     }
 
     pub fn new(maps: ProcessMaps) -> Self {
         Symbolizer {
             blaze: Blaze::new(),
             maps,
+            opened: None,
             kernel: kallsyms_readable(),
             user_addrs: HashMap::new(),
             kernel_addrs: HashMap::new(),
@@ -215,8 +252,15 @@ impl Symbolizer {
         if !mapping.path.is_absolute() {
             return module();
         }
+        let path = match &self.opened {
+            None => mapping.path.clone(),
+            Some(opened) => match opened.get(&mapping.path) {
+                Some(file) => PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+                None => return module(),
+            },
+        };
         let offset = addr - mapping.start + mapping.offset;
-        let source = Source::Elf(Elf::new(&mapping.path));
+        let source = Source::Elf(Elf::new(&path));
         match self
             .blaze
             .symbolize_single(&source, Input::FileOffset(offset))

@@ -99,3 +99,27 @@ fn without_privileges_it_names_what_it_needs() {
     }
     assert!(!stderr.contains("/proc/1/exe"), "{stderr}");
 }
+
+/// Issue 21 item 2: a tracer whose /proc shows another PID namespace than the kernel's initial
+/// one would filter on pids the kernel programs never see and record nothing; it refuses.
+#[test]
+fn item2_tracer_in_a_child_pid_namespace_refuses() {
+    if !require_root("item2_tracer_in_a_child_pid_namespace_refuses") {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    // Pid 1 in the new namespace is the tracer itself (exec'd by unshare's child).
+    let output = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(env!("CARGO_BIN_EXE_tracer"))
+        .args(["record", "--pid", "1", "--out"])
+        .arg(out.path())
+        .output()
+        .expect("running unshare (util-linux)");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("PID namespace other than the initial one"),
+        "{stderr}"
+    );
+}

@@ -90,3 +90,30 @@ fn a_kernel_function_resolves_from_kallsyms_with_the_kernel_mark() {
         "{frame} not in {aliases:?}"
     );
 }
+
+/// Issue 21 item 3: the mapped file is read as the target sees it, not by the path in the
+/// tracer's mount namespace. Here the snapshot names another binary at the test binary's
+/// range (as a container's path names another file on the host): the frame still resolves
+/// to this test's function; through another process's view the range is not this file, and
+/// this test's name never comes out.
+#[test]
+fn item3_mapped_files_are_opened_as_the_target_sees_them() {
+    let addr = own_address();
+    let exe = fs::read_link("/proc/self/exe").unwrap();
+    let text = fs::read_to_string("/proc/self/maps").unwrap();
+    let elsewhere = text.replace(exe.to_str().unwrap(), "/bin/true");
+    let mut symbolizer = Symbolizer::opened(std::process::id(), ProcessMaps::parse(&elsewhere));
+    let frames = symbolizer.user_frames(addr + 2);
+    assert_eq!(
+        frames.first().map(String::as_str),
+        Some("flame_symbolize::a_known_function_of_this_test"),
+        "frames: {frames:?}"
+    );
+    // Pid 1 does not map this binary there: its view of the path is read instead.
+    let mut foreign = Symbolizer::opened(1, ProcessMaps::parse(&elsewhere));
+    let frames = foreign.user_frames(addr + 2);
+    assert!(
+        !frames.iter().any(|f| f.contains("a_known_function")),
+        "frames: {frames:?}"
+    );
+}

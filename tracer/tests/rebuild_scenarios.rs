@@ -1069,3 +1069,34 @@ fn a_sample_before_the_first_phase_site_is_parse_in_a_traced_request() {
         );
     }
 }
+
+/// Issue 21 item 12: an event released after newer ones (the reorder window was too short)
+/// used to run `ts - since` backwards in the thread history (a panic in debug builds). It is a
+/// loss from its ts to the newest event: the request it falls in is incomplete, the next is not.
+#[test]
+fn item12_late_event_is_a_loss_not_an_underflow() {
+    let mut s = Stream::new();
+    simple(&mut s, 0, 1, 10, 0xc1);
+    let mut rb = Rebuilder::new();
+    let events = s.events();
+    let (before, after): (Vec<_>, Vec<_>) = events.iter().partition(|e| e.ts_ns < 1300);
+    for ev in before {
+        rb.push(ev);
+    }
+    // Thread 101 is preempted at 1250; its switch-in at 1200, on another CPU, arrives after.
+    let mut sched = Stream::new();
+    sched.switch_out(1250, 101, true).switch_in(1200, 101);
+    for ev in sched.events().iter().rev() {
+        rb.push(ev);
+    }
+    for ev in after {
+        rb.push(ev);
+    }
+    simple(&mut s, 10_000, 2, 11, 0xc2);
+    for ev in s.events().iter().filter(|e| e.ts_ns >= 10_000) {
+        rb.push(ev);
+    }
+    let out = rb.finish(20_000);
+    assert_eq!(incomplete(&out, 1), "event out of order");
+    assert_consistent(complete(&out, 2));
+}

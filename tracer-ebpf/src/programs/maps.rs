@@ -1,6 +1,9 @@
 //! Maps shared by every program, and the target filter and event emitter they all use.
 
-use core::mem::offset_of;
+use core::{
+    intrinsics::{AtomicOrdering, atomic_xadd},
+    mem::offset_of,
+};
 
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
@@ -9,7 +12,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use tracer_ebpf::{
-    abi::{Config, Drops, Event, LOSS_SLOT, Loss},
+    abi::{Config, Drops, Event, LOSS_SLOT, Loss, TARGET_SOCKS_ENTRIES},
     tracepoints::Field,
 };
 
@@ -36,7 +39,8 @@ pub static TIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
 /// Sockets the target has touched (sk pointer → last fd sent, `u64::MAX` if not yet known).
 /// Entries go at TCP_CLOSE; LRU so that a missed close can never fill the map.
 #[map]
-pub static TARGET_SOCKS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+pub static TARGET_SOCKS: LruHashMap<u64, u64> =
+    LruHashMap::with_max_entries(TARGET_SOCKS_ENTRIES, 0);
 
 /// Local TCP ports the target listens on (host byte order).
 #[map]
@@ -89,16 +93,16 @@ pub fn now() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// Adds one to a per-CPU counter. Classic tracepoint, kprobe, uprobe and perf_event programs
-/// never nest on a CPU (the kernel skips one that would, by `bpf_prog_active`); fentry
-/// programs are only kept from nesting in themselves, so `fentry_sock_def_readable` (softirq)
-/// can interrupt another program between this load and store and one of the two counts is
-/// lost. The BPF target has no atomic fetch-add in core; a rare undercount of a counter that
-/// should stay 0 is accepted.
+/// Adds one to a per-CPU counter, atomically: programs do nest on a CPU. A uprobe (since
+/// 5.19) does not take `bpf_prog_active`, so a tracepoint, kprobe or perf_event program can
+/// run inside it when an interrupt hits, a cpu-clock sample in hard IRQ can interrupt any
+/// program, and `fentry_sock_def_readable` runs in softirq. A plain load and store would lose
+/// one of two nested counts. The result is unused, so LLVM emits `lock *(u64 *)(r + 0) += r`
+/// (BPF_ATOMIC | BPF_ADD, no BPF_FETCH), which every kernel with BPF_XADD accepts.
 #[inline(always)]
 fn bump(counter: *mut u64) {
-    // SAFETY: `counter` points into a live per-CPU map value.
-    unsafe { *counter += 1 };
+    // SAFETY: `counter` points to an aligned u64 inside a live per-CPU map value.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, 1) };
 }
 
 /// Counts one thing the programs could not do: `field` is `offset_of!(Drops, <field>)`.
@@ -135,8 +139,9 @@ pub fn emit(ts_ns: u64, tid: u32, kind: u16, sub: u16, args: [u64; 3]) {
         }
         None => {
             if let Some(loss) = LOSS.get_ptr_mut(LOSS_SLOT) {
-                // SAFETY: a live per-CPU slot (see `bump`); if a nested program also writes
-                // `last_ts_ns`, one of the two loss times is kept.
+                // SAFETY: a live per-CPU slot (see `bump`). The count is exact; if a nested
+                // program also loses an event, `last_ts_ns` keeps one of the two times, and the
+                // loss span user space builds still covers both (it starts at the previous poll).
                 unsafe {
                     bump(&raw mut (*loss).count);
                     (*loss).last_ts_ns = ts_ns;

@@ -8,8 +8,8 @@ use aya_ebpf::{
 use tracer_ebpf::{
     abi::{Config, kind, switch},
     tracepoints::{
-        FORK_CHILD_PID, FORK_CHILD_PID_FIXED_COMM, Field, SWITCH_NEXT_COMM, SWITCH_NEXT_PID,
-        SWITCH_PREV_STATE, TASK_REPORT_MAX, WAKEUP_PID,
+        EXIT_DEAD, EXIT_ZOMBIE, FORK_CHILD_PID, FORK_CHILD_PID_FIXED_COMM, Field, SWITCH_NEXT_COMM,
+        SWITCH_NEXT_PID, SWITCH_PREV_STATE, TASK_REPORT_MAX, WAKEUP_PID,
     },
 };
 
@@ -25,6 +25,11 @@ use super::{
 /// target's CPU over and over costs one lookup per switch, not one event.
 #[map]
 static NAMED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1024, 0);
+
+/// Threads of the target that passed sched_process_exit: a switch-out does not re-add them.
+/// A fork that reuses the tid takes it out again. LRU: a thread is gone moments after.
+#[map]
+static EXITED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1024, 0);
 
 #[inline(always)]
 fn cpu() -> u32 {
@@ -79,7 +84,14 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         } else {
             (-1i64 as u64, -1i64 as u64)
         };
-        if !is_target_tid(prev_tid) {
+        // A dying thread switches out after sched_process_exit removed it: for the last time
+        // (prev_state X or Z), or preempted on its way there. Adding it back would leak its
+        // TIDS entry, and a reused tid would then pass as the target's.
+        if !is_target_tid(prev_tid)
+            && prev_state & (EXIT_DEAD | EXIT_ZOMBIE) == 0
+            // SAFETY: only tested for presence.
+            && unsafe { EXITED.get(prev_tid) }.is_none()
+        {
             add_target_tid(prev_tid);
         }
         // Who took the CPU: the wait-for view charges a waiting request's time to it.
@@ -133,6 +145,7 @@ fn fork(ctx: &TracePointContext, child_pid: Field) -> u32 {
     // Runs in the parent's context.
     if current().0 == config.tgid {
         let child = field::<i32>(ctx, child_pid) as u32;
+        let _ = EXITED.remove(child);
         add_target_tid(child);
     }
     0
@@ -155,6 +168,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let Some(tid) = current_target_tid() else {
         return 0;
     };
+    let _ = EXITED.insert(tid, 1, 0);
     let _ = TIDS.remove(tid);
     let _ = IN_FLIGHT.remove(tid);
     0

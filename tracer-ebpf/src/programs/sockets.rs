@@ -6,12 +6,14 @@
 //! where the tracepoints sit one call up or inside). TCP state changes are always the
 //! `sock:inet_sock_set_state` tracepoint (Linux 4.16+), whose record has the ports.
 
+use core::mem::offset_of;
+
 use aya_ebpf::{
     macros::{fentry, kprobe, tracepoint},
     programs::{FEntryContext, ProbeContext, TracePointContext},
 };
 use tracer_ebpf::{
-    abi::{kind, syscall},
+    abi::{Drops, kind, syscall},
     tracepoints::{
         DATA_READY_SKADDR, LENGTH_SK, SET_STATE_NEWSTATE, SET_STATE_PROTOCOL, SET_STATE_SKADDR,
         SET_STATE_SPORT,
@@ -19,7 +21,7 @@ use tracer_ebpf::{
 };
 
 use super::{
-    maps::{LISTEN_PORTS, TARGET_SOCKS, config, current_target_tid, emit, field, now},
+    maps::{LISTEN_PORTS, TARGET_SOCKS, config, count_drop, current_target_tid, emit, field, now},
     syscalls::in_flight,
 };
 
@@ -47,8 +49,12 @@ fn sock_io(sk: u64, receive: bool) -> u32 {
         return 0;
     }
     // SAFETY: copied out at once.
-    if unsafe { TARGET_SOCKS.get(sk) }.copied() == Some(call.fd) {
+    let known = unsafe { TARGET_SOCKS.get(sk) }.copied();
+    if known == Some(call.fd) {
         return 0;
+    }
+    if known.is_none() {
+        count_drop(offset_of!(Drops, socks_added));
     }
     let _ = TARGET_SOCKS.insert(sk, call.fd, 0);
     emit(now(), tid, kind::SOCK_FD, 0, [sk, call.fd, 0]);
@@ -124,7 +130,12 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     }
     if newstate == TCP_CLOSE {
         // The sk may be reused for another connection; it is no longer the target's.
-        let _ = TARGET_SOCKS.remove(field::<u64>(&ctx, SET_STATE_SKADDR));
+        if TARGET_SOCKS
+            .remove(field::<u64>(&ctx, SET_STATE_SKADDR))
+            .is_ok()
+        {
+            count_drop(offset_of!(Drops, socks_removed));
+        }
         return 0;
     }
     if newstate != TCP_ESTABLISHED {
@@ -136,6 +147,10 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let sk: u64 = field(&ctx, SET_STATE_SKADDR);
+    // SAFETY: only tested for presence.
+    if unsafe { TARGET_SOCKS.get(sk) }.is_none() {
+        count_drop(offset_of!(Drops, socks_added));
+    }
     let _ = TARGET_SOCKS.insert(sk, FD_UNKNOWN, 0);
     emit(now(), 0, kind::ESTABLISHED, 0, [sk, u64::from(sport), 0]);
     0

@@ -9,12 +9,13 @@ pub mod samples;
 pub mod sched;
 pub mod sites;
 pub mod sockets;
+pub mod stats;
 pub mod syscalls;
 pub mod target;
 pub mod tracefs;
 pub mod usdt;
 
-use std::fmt;
+use std::{fmt, os::fd::AsFd as _};
 
 use anyhow::{Context as _, bail};
 use aya::{
@@ -115,6 +116,8 @@ impl fmt::Display for AttachMode {
 pub struct Session {
     ebpf: Ebpf,
     pub modes: Vec<AttachMode>,
+    /// The syscall kprobes' links, when syscalls are kprobes (dropped with the session).
+    kprobes: stats::KprobeLinks,
 }
 
 impl Session {
@@ -168,6 +171,7 @@ impl Session {
         }
 
         let mut modes = Vec::new();
+        let mut kprobes = stats::KprobeLinks::default();
         if options.attaches(Group::Sched) {
             let n = sched::attach_rest(&mut ebpf)?;
             modes.push(AttachMode {
@@ -180,7 +184,8 @@ impl Session {
             });
         }
         if options.attaches(Group::Syscalls) {
-            syscalls::attach(&mut ebpf, plan.syscalls, btf.as_ref())?;
+            let links = syscalls::attach(&mut ebpf, plan.syscalls, btf.as_ref())?;
+            kprobes = stats::KprobeLinks::take(&mut ebpf, links)?;
             modes.push(AttachMode {
                 group: "syscalls",
                 mode: plan.syscalls.as_str(),
@@ -218,7 +223,7 @@ impl Session {
                 detail: format!(
                     "{n} probe sites{which} by {} in {}",
                     target.sites.found_by.name(),
-                    target.exe.display()
+                    target.exe_name.display()
                 ),
             });
         }
@@ -243,7 +248,11 @@ impl Session {
                 ),
             });
         }
-        Ok(Session { ebpf, modes })
+        Ok(Session {
+            ebpf,
+            modes,
+            kprobes,
+        })
     }
 
     /// Kernel ids of the loaded programs, so a test can check none outlives the session.
@@ -253,6 +262,40 @@ impl Session {
             .filter_map(|(_, program)| program.info().ok())
             .map(|info| info.id())
             .collect()
+    }
+
+    /// Per loaded program, the times the kernel skipped it because another BPF program ran on
+    /// that CPU (nonzero ones only, by name). Read before detach: unloading loses them.
+    pub fn recursion_misses(&self) -> anyhow::Result<Vec<(String, u64)>> {
+        let mut misses = Vec::new();
+        for (name, program) in self.ebpf.programs() {
+            let Ok(fd) = program.fd() else {
+                continue; // never loaded (another attach mode's variant)
+            };
+            let n =
+                stats::recursion_misses(fd.as_fd()).with_context(|| format!("program {name}"))?;
+            if n > 0 {
+                misses.push((name.to_owned(), n));
+            }
+        }
+        misses.sort();
+        Ok(misses)
+    }
+
+    /// Per syscall kretprobe, the calls whose exit it missed (its instances ran out); `None`
+    /// where the kernel does not say. Empty unless syscalls are kprobes.
+    pub fn kretprobe_missed(&self) -> Option<Vec<(String, u64)>> {
+        self.kprobes.kretprobe_missed()
+    }
+
+    /// The threads TIDS holds now: once the target has exited, none should be left.
+    pub fn target_tids(&self) -> anyhow::Result<Vec<u32>> {
+        let map = self
+            .ebpf
+            .map("TIDS")
+            .context("map TIDS missing from the eBPF object")?;
+        let tids = HashMap::<_, u32, u8>::try_from(map)?;
+        Ok(tids.keys().collect::<Result<_, _>>()?)
     }
 
     pub fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
@@ -274,6 +317,7 @@ impl Session {
 
     /// Detaches every link and unloads every program (what dropping does, said out loud).
     pub fn detach(self) {
+        drop(self.kprobes);
         drop(self.ebpf);
     }
 }
@@ -306,4 +350,38 @@ fn attach_tracepoint(
         .attach(category, name)
         .with_context(|| format!("attaching {category}:{name}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use object::{Object as _, ObjectSection as _, SectionKind};
+
+    /// BPF_STX | BPF_DW | BPF_ATOMIC, with imm BPF_ADD: `lock *(u64 *)(dst + off) += src`.
+    fn atomic_adds(code: &[u8]) -> usize {
+        code.chunks_exact(8)
+            .filter(|insn| insn[0] == 0xdb && insn[4..8] == [0; 4])
+            .count()
+    }
+
+    /// Issue 21 item 11: LOSS and DROPS are bumped by an atomic add in every kind of program
+    /// that emits (a load and a store lose a count when a program nests in another).
+    #[test]
+    fn item11_counters_are_atomic_adds() {
+        if super::OBJECT.is_empty() {
+            return; // AYA_BUILD_SKIP: no programs to look at.
+        }
+        let file = object::File::parse(super::OBJECT).unwrap();
+        for name in ["uprobe", "tracepoint", "perf_event", "kretprobe"] {
+            let code: Vec<u8> = file
+                .sections()
+                .filter(|s| s.kind() == SectionKind::Text && s.name() == Ok(name))
+                .flat_map(|s| s.data().unwrap().to_vec())
+                .collect();
+            assert!(!code.is_empty(), "no {name} programs");
+            assert!(
+                atomic_adds(&code) > 0,
+                "{name} programs count without an atomic add"
+            );
+        }
+    }
 }

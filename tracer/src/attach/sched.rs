@@ -14,6 +14,7 @@ pub fn check() -> anyhow::Result<()> {
         let format = tracefs::check_layout(layout)?;
         if layout.name == "sched_switch" {
             tracefs::check_task_report_max(&format.print_fmt)?;
+            tracefs::check_exit_states(&format.print_fmt)?;
         }
     }
     fork_program()?;

@@ -28,10 +28,11 @@ pub fn attached(phases: bool) -> impl Iterator<Item = Site> {
 pub fn attach(ebpf: &mut Ebpf, target: &Target, phases: bool) -> anyhow::Result<usize> {
     let mut count = 0;
     for site in attached(phases) {
+        // The offset Target::open found the NOP5 at, in the file it opened: not looked up again.
         let offset = target.sites.offset(site).with_context(|| {
             format!(
                 "{} lacks probe site {}",
-                target.exe.display(),
+                target.exe_name.display(),
                 site.symbol()
             )
         })?;

@@ -5,11 +5,21 @@ use std::{
     collections::{BTreeMap, HashMap, HashSet},
     fs,
     num::NonZeroU32,
+    os::{
+        fd::{AsRawFd as _, OwnedFd},
+        unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+    },
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use anyhow::{Context as _, bail};
 use object::{Endianness, Object as _, ObjectSymbol as _, read::elf::ElfFile64};
+use rustix::{
+    event::{PollFd, PollFlags, Timespec, poll},
+    io::Errno,
+    process::{Pid, PidfdFlags, pidfd_open},
+};
 use tracer_ebpf::sites::{NOP5, Site, USDT_PROVIDER};
 
 use super::usdt;
@@ -17,25 +27,48 @@ use super::usdt;
 #[derive(Clone, Debug)]
 pub struct Target {
     pub pid: NonZeroU32,
-    /// `/proc/PID/exe`: uprobes attach through it, so a binary replaced on disk still works.
+    /// This very process, whatever later happens to its pid: opened before anything about the
+    /// pid is read, readable once it has exited.
+    pub pidfd: Arc<OwnedFd>,
+    /// The binary, opened once (O_PATH) through /proc/PID/exe and checked; `exe` names it.
+    #[expect(dead_code, reason = "held open for `exe`, never read")]
+    exe_fd: Arc<OwnedFd>,
+    /// `/proc/self/fd/N` of that open file: uprobes attach through it, so neither a binary
+    /// replaced on disk nor a pid reused since the checks changes what they hit.
     pub exe: PathBuf,
-    /// Where each probe site is in `exe`.
+    /// Where /proc/PID/exe pointed when opened, for messages.
+    pub exe_name: PathBuf,
+    /// Where each probe site is in `exe`, its NOP5 checked.
     pub sites: SiteOffsets,
 }
 
+/// The initial PID namespace's inode number (`PROC_PID_INIT_INO`, include/linux/proc_ns.h).
+const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
+
 impl Target {
-    /// Checks that `pid` is a live process whose binary has every probe site, each starting
-    /// with the NOP5.
+    /// Checks that `pid` is a live process, seen with the kernel's own pids, whose binary has
+    /// every probe site, each starting with the NOP5 the uprobe replaces.
     pub fn open(pid: u32) -> anyhow::Result<Self> {
         let pid = NonZeroU32::new(pid).context("--pid 0 is not a process")?;
-        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-        if !proc_dir.exists() {
-            bail!("no process with pid {pid}");
-        }
-        let exe = proc_dir.join("exe");
-        let real = fs::read_link(&exe).unwrap_or_else(|_| exe.clone());
+        // First: everything read below is about this process or, if it exits meanwhile and its
+        // pid is reused, found out by `ensure_alive`.
+        let raw = Pid::from_raw(pid.get().try_into().context("pid out of range")?);
+        let pidfd = match pidfd_open(raw.context("pid out of range")?, PidfdFlags::empty()) {
+            Err(Errno::SRCH) => bail!("no process with pid {pid}"),
+            other => other.with_context(|| format!("pidfd_open({pid})"))?,
+        };
+        check_pid_namespace(pid.get())?;
+        let exe_link = PathBuf::from(format!("/proc/{pid}/exe"));
+        let exe_name = fs::read_link(&exe_link).unwrap_or_else(|_| exe_link.clone());
+        let exe_fd: OwnedFd = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(&exe_link)
+            .with_context(|| format!("opening {}", exe_link.display()))?
+            .into();
+        let exe = PathBuf::from(format!("/proc/self/fd/{}", exe_fd.as_raw_fd()));
         let sites = SiteOffsets::find(&exe)
-            .with_context(|| format!("pid {pid} runs {}", real.display()))?;
+            .with_context(|| format!("pid {pid} runs {}", exe_name.display()))?;
         let missing = sites.missing();
         if !missing.is_empty() {
             let looked = match sites.found_by {
@@ -46,13 +79,26 @@ impl Target {
             };
             bail!(
                 "pid {pid} runs {} which lacks {} of {} probe sites {looked}: {}",
-                real.display(),
+                exe_name.display(),
                 missing.len(),
                 Site::ALL.len(),
                 missing.join(", ")
             );
         }
-        Ok(Target { pid, exe, sites })
+        ensure_alive(&pidfd, pid)?;
+        Ok(Target {
+            pid,
+            pidfd: Arc::new(pidfd),
+            exe_fd: Arc::new(exe_fd),
+            exe,
+            exe_name,
+            sites,
+        })
+    }
+
+    /// Whether the target has exited (its pidfd is readable).
+    pub fn exited(&self) -> bool {
+        exited(&self.pidfd)
     }
 
     pub fn tids(&self) -> anyhow::Result<Vec<u32>> {
@@ -218,6 +264,74 @@ impl SiteOffsets {
     }
 }
 
+fn exited(pidfd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    poll(&mut fds, Some(&now)).is_ok_and(|n| n > 0)
+}
+
+/// The checks read /proc/PID; had the process exited, the pid could name another one by now.
+fn ensure_alive(pidfd: &OwnedFd, pid: NonZeroU32) -> anyhow::Result<()> {
+    if exited(pidfd) {
+        bail!("pid {pid} exited while the tracer was checking it");
+    }
+    Ok(())
+}
+
+/// `NSpid:` of a /proc/PID/status: the pid in every PID namespace from the one the /proc
+/// belongs to down to the process's own (Documentation/filesystems/proc.rst).
+pub fn parse_nspid(status: &str) -> anyhow::Result<Vec<u32>> {
+    let line = status
+        .lines()
+        .find_map(|line| line.strip_prefix("NSpid:"))
+        .context("no NSpid line (kernel older than 4.1?)")?;
+    let pids = line
+        .split_whitespace()
+        .map(|pid| pid.parse().with_context(|| format!("NSpid field {pid:?}")))
+        .collect::<anyhow::Result<Vec<u32>>>()?;
+    anyhow::ensure!(!pids.is_empty(), "empty NSpid line");
+    Ok(pids)
+}
+
+/// The kernel programs compare against the pids of the initial PID namespace (what
+/// `bpf_get_current_pid_tgid` returns); `pid` and the tids the tracer seeds are read from this
+/// /proc. They agree only when this /proc is the initial namespace's; otherwise nothing would
+/// ever match and the session would record nothing, so it is refused.
+fn pid_namespace_decision(proc_ns_ino: u64, pid: u32, nspid: &[u32]) -> anyhow::Result<()> {
+    if proc_ns_ino == INIT_PID_NS_INO {
+        anyhow::ensure!(
+            nspid.first() == Some(&pid),
+            "/proc/{pid}/status says NSpid {nspid:?}: not the process asked for"
+        );
+        return Ok(());
+    }
+    bail!(
+        "the tracer sees pids of a PID namespace other than the initial one (/proc/1/ns/pid is \
+         pid:[{proc_ns_ino}], the initial one is pid:[{INIT_PID_NS_INO}]): pid {pid} (NSpid \
+         {nspid:?} from here) has another pid in the kernel's initial namespace, which is what the \
+         kernel programs filter on, so nothing would be recorded. Run the tracer in the host's \
+         PID namespace with the host's /proc (e.g. `docker run --pid=host`, or `nsenter -t 1 -p -m`)"
+    )
+}
+
+fn check_pid_namespace(pid: u32) -> anyhow::Result<()> {
+    // A /proc that shows the tracer itself belongs to the tracer's namespace or an ancestor:
+    // if the tracer's is the initial one, so is this /proc's. Otherwise the namespace of this
+    // /proc's pid 1 is the one it shows pids of (reading it takes root).
+    let ns_ino = |path: &str| fs::metadata(path).map(|m| m.ino());
+    let proc_ns = match ns_ino("/proc/self/ns/pid") {
+        Ok(INIT_PID_NS_INO) => INIT_PID_NS_INO,
+        _ => ns_ino("/proc/1/ns/pid").context("reading /proc/1/ns/pid")?,
+    };
+    let path = format!("/proc/{pid}/status");
+    let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let nspid = parse_nspid(&status).with_context(|| format!("reading {path}"))?;
+    pid_namespace_decision(proc_ns, pid, &nspid)
+}
+
 fn socket_inodes(pid: u32) -> anyhow::Result<HashSet<u64>> {
     let dir = format!("/proc/{pid}/fd");
     let mut inodes = HashSet::new();
@@ -292,6 +406,52 @@ pub(crate) mod tests {
         assert_eq!(listening_sockets(table), vec![(8080, 4242)]);
     }
 
+    const STATUS: &str = "Name:\tgateway\nTgid:\t4242\nNgid:\t0\nPid:\t4242\nPPid:\t1\nNSpid:\t4242\t17\t1\nNSpgid:\t4242\t17\t1\n";
+
+    /// Issue 21 item 2: NSpid runs from this /proc's namespace down to the process's own.
+    #[test]
+    fn item2_nspid_parses_outermost_first() {
+        assert_eq!(parse_nspid(STATUS).unwrap(), vec![4242, 17, 1]);
+        assert_eq!(parse_nspid("NSpid:\t9\n").unwrap(), vec![9]);
+        assert!(parse_nspid("Pid:\t9\n").is_err());
+        assert!(parse_nspid("NSpid:\t9 x\n").is_err());
+        assert!(parse_nspid("NSpid:\n").is_err());
+    }
+
+    /// Issue 21 item 2: a /proc of another PID namespace than the kernel's initial one shows
+    /// pids the kernel programs never see: refused with a message that says so, not a session
+    /// that records nothing.
+    #[test]
+    fn item2_pid_namespace_other_than_initial_is_refused() {
+        pid_namespace_decision(INIT_PID_NS_INO, 4242, &[4242, 17, 1]).unwrap();
+        let err = pid_namespace_decision(4026532400, 17, &[17, 1])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("PID namespace other than the initial one"),
+            "{err}"
+        );
+        assert!(err.contains("--pid=host"), "{err}");
+        assert!(pid_namespace_decision(INIT_PID_NS_INO, 4242, &[4243]).is_err());
+    }
+
+    /// Issue 21 items 2 and 4 on a live process: `sleep` has no probe sites; it is opened by
+    /// pidfd and refused for its sites, and a pid that is not running is refused as such.
+    #[test]
+    fn opening_a_process_without_sites_names_them() {
+        let mut sleep = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("running sleep");
+        let opened = Target::open(sleep.id());
+        let _ = sleep.kill();
+        let _ = sleep.wait();
+        let err = opened.unwrap_err().to_string();
+        assert!(err.contains("lacks"), "{err}");
+        let err = Target::open(i32::MAX as u32).unwrap_err().to_string();
+        assert!(err.contains("no process with pid"), "{err}");
+    }
+
     #[test]
     fn sleep_lacks_every_site() {
         let sleep = Path::new("/bin/sleep");
@@ -327,6 +487,7 @@ pub(crate) mod tests {
         assert_eq!(stripped.offsets, built.offsets);
     }
 
+    /// Issue 21 item 4: a site's bytes are checked, not only its name.
     #[test]
     fn refuses_a_site_that_does_not_start_with_the_nop5() {
         let dir = tempfile::tempdir().unwrap();

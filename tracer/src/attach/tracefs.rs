@@ -4,7 +4,7 @@
 use std::{fs, path::Path};
 
 use anyhow::{Context as _, bail};
-use tracer_ebpf::tracepoints::{Field, Layout, TASK_REPORT_MAX};
+use tracer_ebpf::tracepoints::{EXIT_DEAD, EXIT_ZOMBIE, Field, Layout, TASK_REPORT_MAX};
 
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 
@@ -130,6 +130,29 @@ pub fn task_report_max(print_fmt: &str) -> anyhow::Result<i64> {
     Ok((states + 1) << 1)
 }
 
+/// The `prev_state` flag sched_switch's print fmt names `letter` (`{ 0x00000010, "X" }`).
+fn state_flag(print_fmt: &str, letter: char) -> Option<i64> {
+    let quoted = format!("\"{letter}\" }}");
+    let end = print_fmt.find(&quoted)?;
+    let start = print_fmt[..end].rfind("{ 0x")? + "{ 0x".len();
+    let hex = print_fmt[start..end].trim().trim_end_matches(',').trim();
+    i64::from_str_radix(hex, 16).ok()
+}
+
+/// The kernel programs tell a dying thread's last switch-out by the exit states' bits.
+pub fn check_exit_states(print_fmt: &str) -> anyhow::Result<()> {
+    for (letter, want) in [('X', EXIT_DEAD), ('Z', EXIT_ZOMBIE)] {
+        match state_flag(print_fmt, letter) {
+            Some(found) if found == want => {}
+            found => bail!(
+                "sched_switch reports exit state {letter:?} as prev_state {found:#x?} on this \
+                 kernel, the kernel programs expect {want:#x}"
+            ),
+        }
+    }
+    Ok(())
+}
+
 pub fn check_task_report_max(print_fmt: &str) -> anyhow::Result<()> {
     let found = task_report_max(print_fmt)?;
     if found != TASK_REPORT_MAX {
@@ -178,6 +201,18 @@ print fmt: "prev_state=%s%s", (REC->prev_state & ((((0x00000000 | 0x00000001 | 0
         let format = parse_format(SWITCH).unwrap();
         assert_eq!(task_report_max(&format.print_fmt).unwrap(), 0x100);
         check_task_report_max(&format.print_fmt).unwrap();
+    }
+
+    /// Issue 21 item 7: the kernel programs skip a dying thread's last switch-out by these
+    /// bits, so a kernel that reports exit states otherwise is refused.
+    #[test]
+    fn item7_exit_states_checked_in_print_fmt() {
+        let flags = r#"__print_flags(REC->prev_state & 0xff, "|", { 0x00000001, "S" }, { 0x00000002, "D" }, { 0x00000004, "T" }, { 0x00000008, "t" }, { 0x00000010, "X" }, { 0x00000020, "Z" }, { 0x00000040, "P" }, { 0x00000080, "I" }) : "R""#;
+        check_exit_states(flags).unwrap();
+        let moved = flags.replace(r#"{ 0x00000020, "Z" }"#, r#"{ 0x00000040, "Z" }"#);
+        let err = check_exit_states(&moved).unwrap_err().to_string();
+        assert!(err.contains("'Z'") && err.contains("0x40"), "{err}");
+        assert!(check_exit_states(SWITCH).is_err(), "no X or Z flag at all");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! end: nothing is dropped silently, it is counted and reported in breakdown.json.
 
 use aya::maps::{MapData, PerCpuArray};
-use tracer_ebpf::abi::Drops;
+use tracer_ebpf::abi::{Drops, TARGET_SOCKS_ENTRIES};
 
 /// Sum of the per-CPU records.
 pub fn fold(per_cpu: impl IntoIterator<Item = Drops>) -> Drops {
@@ -11,11 +11,23 @@ pub fn fold(per_cpu: impl IntoIterator<Item = Drops>) -> Drops {
         in_flight_full: acc.in_flight_full + d.in_flight_full,
         stack_failed: acc.stack_failed + d.stack_failed,
         forced_wakeups: acc.forced_wakeups + d.forced_wakeups,
+        socks_added: acc.socks_added + d.socks_added,
+        socks_removed: acc.socks_removed + d.socks_removed,
     })
 }
 
 pub fn read(map: &PerCpuArray<MapData, Drops>) -> anyhow::Result<Drops> {
     Ok(fold(map.get(&0, 0)?.iter().copied()))
+}
+
+/// TARGET_SOCKS entries the LRU map must have evicted: more were added than removed and fit.
+/// A lower bound (the kernel does not report evictions; an LRU map can evict before it is
+/// full). An evicted socket of the target loses its data-ready events until it is read again.
+pub fn target_socks_evicted_at_least(drops: &Drops) -> u64 {
+    drops
+        .socks_added
+        .saturating_sub(drops.socks_removed)
+        .saturating_sub(u64::from(TARGET_SOCKS_ENTRIES))
 }
 
 pub fn to_json(drops: &Drops) -> serde_json::Value {
@@ -24,6 +36,59 @@ pub fn to_json(drops: &Drops) -> serde_json::Value {
         "in_flight_full": drops.in_flight_full,
         "stack_failed": drops.stack_failed,
         "forced_wakeups": drops.forced_wakeups,
+        "target_socks_evicted_at_least": target_socks_evicted_at_least(drops),
+    })
+}
+
+/// Adds the kernel's `recursion_misses` (programs skipped because another BPF program ran on
+/// the CPU; per program, by name) to the `drops` section: their sum, and the programs that
+/// had any. Returns the warning to print, if any was skipped.
+pub fn add_recursion_misses(
+    drops: &mut serde_json::Value,
+    misses: &[(String, u64)],
+) -> Option<String> {
+    let total: u64 = misses.iter().map(|(_, n)| n).sum();
+    let by_program: serde_json::Map<String, serde_json::Value> = misses
+        .iter()
+        .map(|(name, n)| (name.clone(), (*n).into()))
+        .collect();
+    drops["recursion_misses"] = total.into();
+    drops["recursion_misses_by_program"] = by_program.into();
+    (total > 0).then(|| {
+        let names: Vec<String> = misses.iter().map(|(n, c)| format!("{n} {c}")).collect();
+        format!(
+            "tracer: WARNING the kernel skipped our programs {total} times because another BPF \
+             program was running on the CPU ({}); events they would have written are missing, \
+             and no loss span covers them",
+            names.join(", ")
+        )
+    })
+}
+
+/// Adds the syscall kretprobes' missed exits (their instances ran out) to the `drops`
+/// section: the sum and the programs with any, or null where the kernel does not say (0
+/// unless syscalls were kprobes). Returns the warning to print, if any exit was missed.
+pub fn add_kretprobe_missed(
+    drops: &mut serde_json::Value,
+    missed: Option<&[(String, u64)]>,
+) -> Option<String> {
+    let Some(missed) = missed else {
+        drops["kretprobe_missed"] = serde_json::Value::Null;
+        return None;
+    };
+    let total: u64 = missed.iter().map(|(_, n)| n).sum();
+    drops["kretprobe_missed"] = total.into();
+    drops["kretprobe_missed_by_program"] = missed
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| (name.clone(), (*n).into()))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    (total > 0).then(|| {
+        format!(
+            "tracer: WARNING {total} syscall exits were missed by kretprobes with no free \
+             instance; requests that needed them are incomplete or misattributed"
+        )
     })
 }
 
@@ -38,6 +103,8 @@ mod tests {
             in_flight_full: 2,
             stack_failed: 3,
             forced_wakeups: 4,
+            socks_added: 5,
+            socks_removed: 6,
         };
         let sum = fold([one, one]);
         assert_eq!(
@@ -45,9 +112,74 @@ mod tests {
                 sum.tids_full,
                 sum.in_flight_full,
                 sum.stack_failed,
-                sum.forced_wakeups
+                sum.forced_wakeups,
+                sum.socks_added,
+                sum.socks_removed
             ),
-            (2, 4, 6, 8)
+            (2, 4, 6, 8, 10, 12)
+        );
+    }
+
+    /// Issue 21 item 10: more sockets added than removed and than TARGET_SOCKS holds means
+    /// the LRU map evicted that many at least; none is claimed otherwise.
+    #[test]
+    fn item10_target_socks_evictions_counted() {
+        let cap = u64::from(TARGET_SOCKS_ENTRIES);
+        let drops = |socks_added, socks_removed| Drops {
+            socks_added,
+            socks_removed,
+            ..Drops::default()
+        };
+        assert_eq!(target_socks_evicted_at_least(&drops(cap, 0)), 0);
+        assert_eq!(target_socks_evicted_at_least(&drops(cap + 7, 2)), 5);
+        assert_eq!(target_socks_evicted_at_least(&drops(10, 20)), 0);
+        assert_eq!(
+            to_json(&drops(cap + 1, 0))["target_socks_evicted_at_least"],
+            1
+        );
+    }
+
+    /// Issue 21 item 9: kretprobe misses are reported under `drops`, null where unknown.
+    #[test]
+    fn item9_kretprobe_missed_in_drops() {
+        let mut drops = to_json(&Drops::default());
+        assert_eq!(add_kretprobe_missed(&mut drops, None), None);
+        assert!(drops["kretprobe_missed"].is_null());
+        assert_eq!(add_kretprobe_missed(&mut drops, Some(&[])), None);
+        assert_eq!(drops["kretprobe_missed"], 0);
+        let missed = [
+            ("kretprobe_sys_read".to_owned(), 4),
+            ("kretprobe_sys_write".to_owned(), 0),
+        ];
+        let warning = add_kretprobe_missed(&mut drops, Some(&missed)).unwrap();
+        assert!(warning.contains("4 syscall exits"), "{warning}");
+        assert_eq!(
+            drops["kretprobe_missed_by_program"],
+            serde_json::json!({"kretprobe_sys_read": 4})
+        );
+    }
+
+    /// Issue 21 item 8: recursion misses are reported under `drops`, summed and by program,
+    /// with a warning only when there are any.
+    #[test]
+    fn item8_recursion_misses_in_drops_with_a_warning() {
+        let mut drops = to_json(&Drops::default());
+        assert_eq!(add_recursion_misses(&mut drops, &[]), None);
+        assert_eq!(drops["recursion_misses"], 0);
+        assert_eq!(drops["recursion_misses_by_program"], serde_json::json!({}));
+        let misses = [
+            ("sched_switch".to_owned(), 2),
+            ("site_request_begin".to_owned(), 1),
+        ];
+        let warning = add_recursion_misses(&mut drops, &misses).unwrap();
+        assert!(
+            warning.contains("3 times") && warning.contains("sched_switch 2"),
+            "{warning}"
+        );
+        assert_eq!(drops["recursion_misses"], 3);
+        assert_eq!(
+            drops["recursion_misses_by_program"]["site_request_begin"],
+            1
         );
     }
 }

@@ -55,13 +55,33 @@ impl LossPoller {
             return Ok(None);
         }
         self.counted = loss.count;
-        Ok(Some((from, loss.last_ts_ns.max(from))))
+        Ok(Some(span(from, loss.last_ts_ns, now_ns)))
     }
+}
+
+/// The loss span from the settled point `from` to the kernel's latest loss time, widened by
+/// [`SLACK_NS`] (within `now_ns`): `last_ts_ns` is a plain store, so a program nested in another
+/// that lost an event at the same moment can have its later time overwritten by the outer's
+/// earlier one, microseconds apart (the count itself is an atomic add and stays exact).
+fn span(from: u64, last_ts_ns: u64, now_ns: u64) -> (u64, u64) {
+    let to = last_ts_ns.saturating_add(SLACK_NS).min(now_ns);
+    (from, to.max(last_ts_ns).max(from))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 21 item 11: the span covers a nested program's loss stamped just after the
+    /// `last_ts_ns` that survived, but never runs past the poll.
+    #[test]
+    fn item11_loss_span_covers_a_nested_loss_time() {
+        let (from, to) = span(1_000, 50_000_000, 200_000_000);
+        assert_eq!(from, 1_000);
+        assert!(to > 50_000_000, "a loss at 50 ms + 5 us is covered: {to}");
+        assert_eq!(span(1_000, 50_000_000, 50_000_500).1, 50_000_500);
+        assert_eq!(span(9_000, 5_000, 5_000), (9_000, 9_000));
+    }
 
     #[test]
     fn folds_counts_and_latest_time() {

@@ -38,7 +38,8 @@
 //! - One upstream connection per request: later sends on other sockets are not upstream.
 //! - A request breaks (→ `Incomplete`, emitted at once) on the first inconsistent event:
 //!   duplicate or unmatched poll events, an unknown phase id, a begin for an id still open, events for an id
-//!   whose begin was never seen (once per id), a loss span over its interval, or no `t_done`
+//!   whose begin was never seen (once per id), a loss span over its interval (an event older
+//!   than one already pushed is a loss span from its ts to the newest), or no `t_done`
 //!   within [`MAX_OPEN_NS`]. Later events for a finished id are ignored.
 //! - Requests are keyed by the gateway's probe id (`RequestBegin` a0, unique per process);
 //!   outcomes carry the client's `x-request-id` (a2; 0 from a gateway that passes none: the
@@ -265,7 +266,14 @@ impl Rebuilder {
     }
 
     pub fn push(&mut self, ev: &Event) {
-        self.now = self.now.max(ev.ts_ns);
+        if ev.ts_ns < self.now {
+            // Released after newer events (the reorder window was too short; the reader counts
+            // it in `late_events`): the history it belongs in has moved on, so the event is
+            // lost to the model, and so are the requests it could have changed.
+            self.lose((ev.ts_ns, self.now), "event out of order");
+            return;
+        }
+        self.now = ev.ts_ns;
         match ev.kind {
             kind::SITE => self.site(ev),
             kind::SYSCALL => self.syscall(ev),
@@ -311,13 +319,16 @@ impl Rebuilder {
     /// Events were lost somewhere in `[from_ns, to_ns]`: every request overlapping it is
     /// incomplete, whether decided already (and still held), open, or yet to begin.
     pub fn lost(&mut self, from_ns: u64, to_ns: u64) {
-        let span = (from_ns.min(to_ns), from_ns.max(to_ns));
+        self.lose((from_ns.min(to_ns), from_ns.max(to_ns)), "events lost");
+    }
+
+    fn lose(&mut self, span: (u64, u64), reason: &str) {
         self.losses.push(span);
         for outcome in self.held.values_mut() {
             if let Outcome::Complete(r) = outcome
                 && overlaps(span, r.t_arrive_ns, r.t_done_ns)
             {
-                *outcome = incomplete(r.req_id, "events lost");
+                *outcome = incomplete(r.req_id, reason);
             }
         }
         let mut hit: Vec<u64> = self
@@ -328,7 +339,7 @@ impl Rebuilder {
             .collect();
         hit.sort_unstable();
         for id in hit {
-            self.abandon(id, "events lost");
+            self.abandon(id, reason);
         }
     }
 
