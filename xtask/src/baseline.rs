@@ -8,7 +8,8 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail, ensure};
 
-use crate::procs::{cargo_build_release_in, workspace_root};
+use crate::procs::cargo_build_release_in;
+use crate::workspace::root as workspace_root;
 
 pub struct Baseline {
     /// As given (`92eb6fe`, `HEAD~3`, a tag).

@@ -41,7 +41,7 @@ impl Machine {
             .and_then(|rest| rest.split_whitespace().next())
             .and_then(|kib| kib.parse().ok())
             .unwrap_or(0.0);
-        let root = crate::procs::workspace_root();
+        let root = crate::workspace::root();
         let uncommitted = git(
             &root,
             &[

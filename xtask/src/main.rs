@@ -16,6 +16,7 @@ mod setup;
 mod test;
 mod validate;
 mod vmtest;
+mod workspace;
 
 use clap::{Parser, Subcommand};
 

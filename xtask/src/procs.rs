@@ -26,13 +26,6 @@ const TRACER_READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Draining, rebuilding, symbolizing and drawing after the stop signal.
 const TRACER_FINISH_TIMEOUT: Duration = Duration::from_secs(300);
 
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
-}
-
 /// Executables from one `cargo build --release`, by file name.
 pub struct Executables(Vec<PathBuf>);
 
@@ -51,7 +44,7 @@ impl Executables {
 /// `target/xtask-logs/`: a build prints one line when it starts compiling (one with nothing to
 /// do prints nothing), and a failed one quotes the log's end.
 pub fn cargo_build_release(args: &[&str]) -> anyhow::Result<Executables> {
-    cargo_build_release_in(&workspace_root(), None, args)
+    cargo_build_release_in(&crate::workspace::root(), None, args)
 }
 
 /// [`cargo_build_release`] of the workspace at `dir`, into `target_dir` if given.
@@ -66,7 +59,7 @@ pub fn cargo_build_release_in(
         .filter(|pair| pair[0] == "-p")
         .map(|pair| pair[1])
         .collect();
-    let log = crate::setup::log_dir()?.join(format!("build-{}.log", packages.join("-")));
+    let log = crate::workspace::log_dir()?.join(format!("build-{}.log", packages.join("-")));
     let mut log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
     let announce = format!(
         "xtask: building release binaries ({}; a first build takes minutes); log: {}",
@@ -111,7 +104,7 @@ pub fn cargo_build_release_in(
         "cargo build --release {} failed ({status}); the end of {}:\n{}",
         args.join(" "),
         log.display(),
-        crate::setup::log_tail(&log, 40)
+        crate::workspace::log_tail(&log, 40)
     );
     Ok(Executables(
         stdout
@@ -295,7 +288,7 @@ impl Proc {
 
     /// The end of its log, for error messages.
     pub fn log_tail(&self) -> String {
-        let tail = crate::setup::log_tail(&self.log, 15);
+        let tail = crate::workspace::log_tail(&self.log, 15);
         if tail.is_empty() {
             String::new()
         } else {
@@ -626,7 +619,7 @@ mod tests {
             .err()
             .expect("the crate does not compile");
         let text = format!("{err:#}");
-        let log = crate::setup::log_dir()
+        let log = crate::workspace::log_dir()
             .unwrap()
             .join(format!("build-{name}.log"));
         assert!(text.contains(&log.display().to_string()), "{text}");

@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::procs::workspace_root;
+use crate::workspace::root as workspace_root;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, bail};
 
 use crate::machine::utc_now;
-use crate::procs::workspace_root;
+use crate::workspace::root as workspace_root;
 
 /// The session's output directory, created: `out`, or `profiles/local/<name>-<UTC time>`.
 pub fn prepare(out: Option<&Path>, name: &str, overwrite: bool) -> anyhow::Result<PathBuf> {

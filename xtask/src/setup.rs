@@ -7,12 +7,13 @@
 use std::{
     env,
     fs::File,
-    io::Read as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
 };
 
 use anyhow::{Context as _, bail};
+
+use crate::workspace::{log_dir, log_tail};
 
 const LLVM: &str = "/usr/lib/llvm-22";
 
@@ -165,17 +166,6 @@ fn output(program: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Where xtask keeps its children's full output: `target/xtask-logs/` (`CARGO_TARGET_DIR`
-/// honoured).
-pub fn log_dir() -> anyhow::Result<PathBuf> {
-    let target = env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::procs::workspace_root().join("target"));
-    let dir = target.join("xtask-logs");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(dir)
-}
-
 /// Runs one install step quietly: prints `setup: installing WHAT; log: PATH`, sends the
 /// child's stdout and stderr to `log_dir()/LOG.log`, and on failure returns an error that
 /// quotes the log's last lines.
@@ -206,20 +196,6 @@ pub fn run_logged(command: &mut Command, log: &Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// The last `lines` lines of `path`, indented; empty when it cannot be read.
-pub fn log_tail(path: &Path, lines: usize) -> String {
-    let mut text = String::new();
-    if let Ok(mut file) = File::open(path) {
-        let _ = file.read_to_string(&mut text);
-    }
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..]
-        .iter()
-        .map(|line| format!("    {line}"))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 pub fn run_checked(command: &mut Command) -> anyhow::Result<()> {

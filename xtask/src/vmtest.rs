@@ -143,7 +143,7 @@ fn installed(package: &str) -> bool {
 
 /// Where cargo builds: `CARGO_TARGET_DIR`, else the workspace's `target/`.
 fn target_dir() -> PathBuf {
-    let root = procs::workspace_root();
+    let root = crate::workspace::root();
     match env::var_os("CARGO_TARGET_DIR") {
         Some(dir) => root.join(dir),
         None => root.join("target"),
@@ -154,7 +154,7 @@ fn target_dir() -> PathBuf {
 fn build_tests(tests: &[String]) -> anyhow::Result<Vec<(String, PathBuf)>> {
     let mut command = Command::new(env!("CARGO"));
     command
-        .current_dir(procs::workspace_root())
+        .current_dir(crate::workspace::root())
         .args(["test", "--no-run", "-p", "tracer"]);
     for test in tests {
         command.args(["--test", test]);
