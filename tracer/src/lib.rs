@@ -7,6 +7,7 @@ pub mod calibrate;
 pub mod cli;
 pub mod events;
 pub mod flame;
+pub mod out_dir;
 pub mod record;
 pub mod report;
 pub mod requests;

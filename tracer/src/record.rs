@@ -2,7 +2,6 @@
 //! duration or the target's exit, then detach and report.
 
 use std::{
-    fs,
     os::fd::{AsFd as _, BorrowedFd, OwnedFd},
     sync::{
         Arc,
@@ -24,6 +23,7 @@ use crate::{
     cli::RecordArgs,
     events::{DEFAULT_WINDOW_NS, EventSink, EventStream, monotonic_ns},
     flame::Pictures,
+    out_dir::OutDir,
     report::{SessionEnd, SessionMeta, SessionWriter},
     requests::{Outcome, Rebuilder},
     validate::hooks::Hooks,
@@ -162,8 +162,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     // does not say what to do.
     preflight::check()?;
     let target = Target::open(args.pid)?;
-    fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating output directory {}", args.out.display()))?;
+    let out = OutDir::open(&args.out, args.overwrite)?;
     let stop = stop_signal()?;
     let pidfd = open_pidfd(args.pid)?;
 
@@ -232,11 +231,12 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         } else {
             Rebuilder::new()
         },
-        writer: SessionWriter::create(&args.out, meta)?,
-        pictures: Pictures::start(args.pid, &args.out, args.wait_for)?,
+        writer: SessionWriter::create(&out, meta)?,
+        pictures: Pictures::start(args.pid, &out, args.wait_for)?,
         tally: Tally::default(),
         hooks: Hooks::start(
             args.raw_events.as_deref(),
+            args.overwrite,
             session.program_ids(),
             args.bpf_stats,
         )?,

@@ -141,7 +141,8 @@ fn svg_text(dir: &Path, name: &str) -> String {
 
 /// Draws the pictures of the synthetic records into `dir`, with or without the wait-for view.
 fn draw(dir: &Path, wait_for: bool) -> FlameSummary {
-    let mut session = FlameSession::create(dir).unwrap();
+    let out = tracer::out_dir::OutDir::open_for(dir, false, None).unwrap();
+    let mut session = FlameSession::create(&out).unwrap();
     if wait_for {
         session = session.with_wait_for();
     }

@@ -16,11 +16,11 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::fs;
 use std::io::{self, BufWriter, Write};
-use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::json;
 
+use crate::out_dir::OutDir;
 use crate::requests::RequestRecord;
 use crate::symbolize::{StackSource, Symbolizer};
 use crate::trace_json::{self, Group, ThreadNames, TraceSummary};
@@ -52,7 +52,7 @@ pub mod files {
 
 /// Collects a session's requests for the pictures.
 pub struct FlameSession {
-    out_dir: PathBuf,
+    out_dir: OutDir,
     spill: Spill,
     wait_for: bool,
 }
@@ -79,13 +79,11 @@ pub struct FlameSummary {
 }
 
 impl FlameSession {
-    /// Starts a session writing into `out_dir` (created if missing).
-    pub fn create(out_dir: &Path) -> Result<Self> {
-        fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-        let spill = Spill::create(out_dir)
-            .with_context(|| format!("creating a spill file in {}", out_dir.display()))?;
+    /// Starts a session writing into `out_dir`.
+    pub fn create(out_dir: &OutDir) -> Result<Self> {
+        let spill = Spill::create(out_dir).context("creating the flame spill file")?;
         Ok(FlameSession {
-            out_dir: out_dir.to_owned(),
+            out_dir: out_dir.clone(),
             spill,
             wait_for: false,
         })
@@ -254,9 +252,9 @@ impl FlameSession {
             summary.wait = Some(wait);
             summary.wait_all = Some(all_wait.summary(threads, tasks));
         }
-        fs::write(
-            self.out_dir.join(format!("{}.folded", files::MEDIAN_ONCPU)),
-            median_folded.to_text(),
+        self.out_dir.write(
+            &format!("{}.folded", files::MEDIAN_ONCPU),
+            median_folded.to_text().as_bytes(),
         )?;
         let diff = Picture {
             title: format!(
@@ -268,7 +266,7 @@ impl FlameSession {
                 .to_owned(),
             count_name: "samples",
         };
-        write_file(&self.out_dir.join(files::TAIL_DIFF), |out| {
+        write_file(&self.out_dir, files::TAIL_DIFF, |out| {
             render::differential_svg(&diff, &median_folded, &tail_folded, out)
         })?;
 
@@ -286,28 +284,19 @@ impl FlameSession {
             .map(|(_, _, r)| (Group::Slowest, r))
             .chain(closest.iter().map(|(_, _, Keep(r))| (Group::Median, r)))
             .collect();
-        summary.trace = trace_json::write_trace(
-            &self.out_dir.join(files::TRACE),
-            &selected,
-            threads,
-            gateway_pid,
-        )
-        .context("writing trace.json")?;
+        let trace = self.out_dir.create_file(files::TRACE)?;
+        summary.trace = trace_json::write_trace(trace, &selected, threads, gateway_pid)
+            .context("writing trace.json")?;
 
-        fs::write(
-            self.out_dir.join(files::SUMMARY),
-            summary_json(&summary, bands),
-        )?;
+        self.out_dir
+            .write(files::SUMMARY, summary_json(&summary, bands).as_bytes())?;
         Ok(summary)
     }
 
     fn write_pair(&self, stem: &str, folded: &Folded, picture: &Picture) -> Result<()> {
-        fs::write(
-            self.out_dir.join(format!("{stem}.folded")),
-            folded.to_text(),
-        )
-        .with_context(|| format!("writing {stem}.folded"))?;
-        write_file(&self.out_dir.join(format!("{stem}.svg")), |out| {
+        self.out_dir
+            .write(&format!("{stem}.folded"), folded.to_text().as_bytes())?;
+        write_file(&self.out_dir, &format!("{stem}.svg"), |out| {
             render::svg(picture, folded, out)
         })
     }
@@ -325,7 +314,7 @@ pub struct Pictures {
 
 impl Pictures {
     /// `wait_for`: also draw the wait-for view (the records carry their waits).
-    pub fn start(pid: u32, out_dir: &Path, wait_for: bool) -> Result<Self> {
+    pub fn start(pid: u32, out_dir: &OutDir, wait_for: bool) -> Result<Self> {
         let session = FlameSession::create(out_dir)?;
         Ok(Pictures {
             session: if wait_for {
@@ -366,15 +355,14 @@ impl Pictures {
 }
 
 fn write_file(
-    path: &Path,
+    dir: &OutDir,
+    name: &str,
     render: impl FnOnce(&mut BufWriter<fs::File>) -> io::Result<()>,
 ) -> Result<()> {
-    let mut out = BufWriter::new(
-        fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
-    );
+    let mut out = BufWriter::new(dir.create_file(name)?);
     render(&mut out)
         .and_then(|()| out.flush())
-        .with_context(|| format!("writing {}", path.display()))
+        .with_context(|| format!("writing {}", dir.path().join(name).display()))
 }
 
 fn summary_json(s: &FlameSummary, bands: &Bands) -> String {
