@@ -359,7 +359,7 @@ pub fn before_attach(skip: bool, plan: &Plan) -> anyhow::Result<Option<Calibrati
         .iter()
         .map(|(name, cost)| format!("{name} {:.0}", cost.ns_per_hit))
         .collect();
-    eprintln!(
+    say!(
         "tracer: calibrated on CPU {} in {:.1}s, ns per hit: {}",
         calibration.cpu,
         calibration.elapsed_s,
