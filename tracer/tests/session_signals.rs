@@ -6,8 +6,8 @@ mod attach_common;
 
 use std::{
     io::{BufRead as _, BufReader},
-    path::Path,
-    process::{Command, Stdio},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
     time::Duration,
 };
 
@@ -23,37 +23,79 @@ fn fixture_child() {
 
 const READY: Duration = Duration::from_secs(120);
 
-/// The session's files are there and readable.
-fn assert_outputs(out: &Path, stderr: &str) {
-    let breakdown = std::fs::read_to_string(out.join("breakdown.json"))
-        .unwrap_or_else(|e| panic!("no breakdown.json ({e}):\n{stderr}"));
-    let json: serde_json::Value = serde_json::from_str(&breakdown).unwrap();
-    assert!(json["requests"].is_u64(), "{breakdown}");
-    let requests = std::fs::read_to_string(out.join("requests.csv")).unwrap();
-    assert!(requests.starts_with("request_id,"), "{requests}");
+/// A running fixture, killed when the test ends (a failed assertion too), and an empty --out.
+struct Setup {
+    me: PathBuf,
+    fixture: Child,
+    out: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let me = std::env::current_exe().unwrap();
+        // Long enough for a slow machine to attach; killed on drop.
+        let fixture = spawn_fixture(&me, 600.0);
+        let out = tempfile::tempdir().unwrap();
+        Setup { me, fixture, out }
+    }
+
+    /// `tracer record` of the fixture into the --out, without calibration, then `extra`.
+    fn args(&self, extra: &[&str]) -> Vec<String> {
+        let mut all = vec!["--no-calibrate"];
+        all.extend_from_slice(extra);
+        record_args(self.fixture.id(), self.out.path(), &all)
+    }
+
+    /// The tracer with `extra`, its stderr piped to the test.
+    fn spawn_tracer(&self, extra: &[&str]) -> Child {
+        tracer()
+            .args(self.args(extra))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting the tracer")
+    }
+
+    /// The session's files are there and readable.
+    fn assert_outputs(&self, stderr: &str) {
+        let out = self.out.path();
+        let breakdown = std::fs::read_to_string(out.join("breakdown.json"))
+            .unwrap_or_else(|e| panic!("no breakdown.json ({e}):\n{stderr}"));
+        let json: serde_json::Value = serde_json::from_str(&breakdown).unwrap();
+        assert!(json["requests"].is_u64(), "{breakdown}");
+        let requests = std::fs::read_to_string(out.join("requests.csv")).unwrap();
+        assert!(requests.starts_with("request_id,"), "{requests}");
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = self.fixture.kill();
+        let _ = self.fixture.wait();
+    }
+}
+
+fn signal(child: &Child, signal: i32) {
+    // SAFETY: signalling our own child, not reaped yet.
+    unsafe { libc::kill(child.id() as i32, signal) };
 }
 
 /// Records the fixture, sends `signal` once attached, and checks the session ended cleanly.
-fn stops_cleanly_on(signal: i32) {
-    let me = std::env::current_exe().unwrap();
-    let mut fixture = spawn_fixture(&me, 600.0);
-    let out = tempfile::tempdir().unwrap();
-    let tracer = Background::spawn(&record_args(fixture.id(), out.path(), &["--no-calibrate"]));
+fn stops_cleanly_on(number: i32) {
+    let setup = Setup::new();
+    let tracer = Background::spawn(&setup.args(&[]));
     tracer.wait_ready(READY);
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: signalling our own child, not reaped yet.
-    unsafe { libc::kill(tracer.child.id() as i32, signal) };
+    signal(&tracer.child, number);
     let (status, stderr) = tracer.finish();
-    fixture.kill().unwrap();
-    fixture.wait().unwrap();
     assert!(status.success(), "tracer failed ({status}):\n{stderr}");
     assert!(
-        stderr.contains(&format!("stopped (signal {signal})")),
+        stderr.contains(&format!("stopped (signal {number})")),
         "{stderr}"
     );
-    assert_outputs(out.path(), &stderr);
+    setup.assert_outputs(&stderr);
     assert_eq!(still_loaded(&program_ids(&stderr)), Vec::<u32>::new());
-    assert_eq!(leftover_uprobes(&me), Vec::<String>::new());
+    assert_eq!(leftover_uprobes(&setup.me), Vec::<String>::new());
 }
 
 #[test]
@@ -75,16 +117,8 @@ fn a_second_sigint_exits_at_once_writing_nothing() {
     if !require_root("a_second_sigint_exits_at_once_writing_nothing") {
         return;
     }
-    let me = std::env::current_exe().unwrap();
-    let mut fixture = spawn_fixture(&me, 600.0);
-    let out = tempfile::tempdir().unwrap();
-    let args = record_args(fixture.id(), out.path(), &["--no-calibrate"]);
-    let mut child = tracer()
-        .args(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let setup = Setup::new();
+    let mut child = setup.spawn_tracer(&[]);
     let (lines, received) = std::sync::mpsc::channel();
     let pipe = child.stderr.take().unwrap();
     let reader = std::thread::spawn(move || {
@@ -103,20 +137,17 @@ fn a_second_sigint_exits_at_once_writing_nothing() {
             break;
         }
     };
-    // SAFETY (both kills): signalling our own child, not reaped yet.
     wait_for("tracer: program ids ");
     std::thread::sleep(Duration::from_millis(300));
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    signal(&child, libc::SIGINT);
     // Only once the first is handled: two pending SIGINTs would merge into one.
     wait_for("tracer: stopping (signal 2)");
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    signal(&child, libc::SIGINT);
     let status = child.wait().unwrap();
     reader.join().unwrap();
-    fixture.kill().unwrap();
-    fixture.wait().unwrap();
     assert_eq!(status.code(), Some(130), "{status}:\n{seen}");
     assert!(
-        !out.path().join("breakdown.json").exists(),
+        !setup.out.path().join("breakdown.json").exists(),
         "an interrupted stop writes no breakdown:\n{seen}"
     );
 }
@@ -126,21 +157,9 @@ fn a_closed_stderr_does_not_stop_the_session() {
     if !require_root("a_closed_stderr_does_not_stop_the_session") {
         return;
     }
-    let me = std::env::current_exe().unwrap();
-    let mut fixture = spawn_fixture(&me, 600.0);
-    let out = tempfile::tempdir().unwrap();
+    let setup = Setup::new();
     // Progress lines come every second: the ones after the ready line hit a closed pipe.
-    let args = record_args(
-        fixture.id(),
-        out.path(),
-        &["--no-calibrate", "--duration", "3"],
-    );
-    let mut child = tracer()
-        .args(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = setup.spawn_tracer(&["--duration", "3"]);
     let mut seen = String::new();
     for line in BufReader::new(child.stderr.take().unwrap()).lines() {
         let line = line.unwrap();
@@ -152,10 +171,8 @@ fn a_closed_stderr_does_not_stop_the_session() {
     }
     // The reader is dropped here: every later write to stderr fails with EPIPE.
     let status = child.wait().unwrap();
-    fixture.kill().unwrap();
-    fixture.wait().unwrap();
     assert!(status.success(), "tracer failed ({status}):\n{seen}");
-    assert_outputs(out.path(), &seen);
+    setup.assert_outputs(&seen);
 }
 
 /// In a mount namespace of its own where tracefs is not mounted, the tracer mounts it, and
@@ -165,14 +182,7 @@ fn tracefs_the_tracer_mounted_is_unmounted() {
     if !require_root("tracefs_the_tracer_mounted_is_unmounted") {
         return;
     }
-    let me = std::env::current_exe().unwrap();
-    let mut fixture = spawn_fixture(&me, 600.0);
-    let out = tempfile::tempdir().unwrap();
-    let args = record_args(
-        fixture.id(),
-        out.path(),
-        &["--no-calibrate", "--duration", "1"],
-    );
+    let setup = Setup::new();
     // Exit 99: tracefs still mounted after the tracer. The host's mounts are not touched.
     let script = r#"umount /sys/kernel/tracing || exit 98
 "$@"; rc=$?
@@ -189,14 +199,12 @@ exit $rc"#;
             "sh",
         ])
         .arg(env!("CARGO_BIN_EXE_tracer"))
-        .args(&args)
+        .args(setup.args(&["--duration", "1"]))
         .output()
         .expect("running unshare");
-    fixture.kill().unwrap();
-    fixture.wait().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{}:\n{stderr}", output.status);
     assert!(stderr.contains("tracer: mounted tracefs"), "{stderr}");
     assert!(stderr.contains("tracer: unmounted tracefs"), "{stderr}");
-    assert_outputs(out.path(), &stderr);
+    setup.assert_outputs(&stderr);
 }
