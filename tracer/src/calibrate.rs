@@ -409,7 +409,7 @@ pub fn before_attach(skip: bool, plan: &Plan) -> anyhow::Result<Option<Calibrati
             None => format!("{name} unmeasured"),
         })
         .collect();
-    eprintln!(
+    say!(
         "tracer: calibrated on CPU {} in {:.1}s, ns per hit: {}",
         calibration.cpu,
         calibration.elapsed_s,

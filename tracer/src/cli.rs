@@ -31,9 +31,14 @@ pub struct RecordArgs {
     /// Stop after this many seconds (decimals allowed); default: until Ctrl-C or the target exits.
     #[arg(long, value_parser = parse_duration, allow_negative_numbers = true)]
     pub duration: Option<Duration>,
-    /// Directory for requests.csv and breakdown.json (created if missing).
+    /// Directory for requests.csv and breakdown.json: created if missing; an existing one must
+    /// be yours, writable only by you, and empty (see --overwrite).
     #[arg(long, default_value = "tracer-out")]
     pub out: PathBuf,
+    /// Record into a non-empty --out, replacing the files this session writes there (and an
+    /// existing --raw-events file); other files stay.
+    #[arg(long)]
+    pub overwrite: bool,
     /// cpu-clock sampling frequency of the gateway's threads (two stack walks a sample);
     /// 0 turns sampling off.
     #[arg(long, default_value_t = 99, value_parser = clap::value_parser!(u64).range(0..=10_000))]

@@ -2,37 +2,55 @@
 //! duration or the target's exit, then detach and report.
 
 use std::{
-    fs,
+    io::{self, Write as _},
     os::fd::{AsFd as _, BorrowedFd},
     sync::{
         Arc,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use tracer_ebpf::abi::{Event, kind};
 
 use crate::{
-    attach::{Options, Session, detect::Plan, preflight, target::Target},
+    attach::{Options, Session, detect::Plan, preflight, target::Target, tracefs},
     cli::RecordArgs,
     events::{DEFAULT_WINDOW_NS, EventSink, EventStream, monotonic_ns},
     flame::Pictures,
+    out_dir::OutDir,
     report::{SessionEnd, SessionMeta, SessionWriter},
     requests::{Outcome, Rebuilder},
     validate::hooks::Hooks,
 };
 
-/// SIGINT and SIGTERM store their number here (0: none yet); the main loop looks every
-/// drain, at most 10 ms later.
+/// Exit status of a second Ctrl-C: killed by SIGINT, as a shell reports it.
+pub const INTERRUPTED_EXIT: i32 = 128 + SIGINT;
+
+/// SIGINT, SIGTERM and SIGHUP (an ssh drop) store their number here (0: none yet); the main
+/// loop looks every drain, at most 10 ms later, and ends the session writing its outputs. A
+/// SIGINT once stopping exits at once, writing nothing: the user asked twice.
 fn stop_signal() -> anyhow::Result<Arc<AtomicUsize>> {
     let stop = Arc::new(AtomicUsize::new(0));
-    for signal in [SIGINT, SIGTERM] {
-        signal_hook::flag::register_usize(signal, stop.clone(), signal as usize)
-            .context("installing signal handlers")?;
+    let stopping = Arc::new(AtomicBool::new(false));
+    let install = |result: std::io::Result<_>| result.context("installing signal handlers");
+    // Before the flag is set below: actions run in the order registered, so the first SIGINT
+    // finds the flag still clear.
+    install(signal_hook::flag::register_conditional_shutdown(
+        SIGINT,
+        INTERRUPTED_EXIT,
+        stopping.clone(),
+    ))?;
+    for signal in [SIGINT, SIGTERM, SIGHUP] {
+        install(signal_hook::flag::register_usize(
+            signal,
+            stop.clone(),
+            signal as usize,
+        ))?;
+        install(signal_hook::flag::register(signal, stopping.clone()))?;
     }
     Ok(stop)
 }
@@ -151,9 +169,10 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     // Privileges first: without them the first failure is an unreadable /proc/PID/exe, which
     // does not say what to do.
     preflight::check()?;
+    // Dropped last, after detach, on every path out.
+    let _tracefs = tracefs::UnmountOnDrop;
     let target = Target::open(args.pid)?;
-    fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating output directory {}", args.out.display()))?;
+    let out = OutDir::open(&args.out, args.overwrite)?;
     let stop = stop_signal()?;
     // Opened by Target::open before it checked the pid: readable once the target has exited.
     let pidfd = target.pidfd.clone();
@@ -175,20 +194,20 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     } else {
         options.mode()
     };
-    eprintln!("tracer: mode {mode}");
+    say!("tracer: mode {mode}");
     if options.empty_programs {
-        eprintln!(
+        say!(
             "tracer: --empty-programs: the hooks are attached but their programs return at once; \
              this session measures cost only and records nothing"
         );
     } else if !options.skip.is_empty() {
-        eprintln!("tracer: --skip: this session measures cost only; its requests will not rebuild");
+        say!("tracer: --skip: this session measures cost only; its requests will not rebuild");
     }
     for mode in &session.modes {
-        eprintln!("tracer: attach {mode}");
+        say!("tracer: attach {mode}");
     }
     if let Some(warning) = crate::attach::syscalls::fallback_warning(plan.syscalls) {
-        eprintln!("{warning}");
+        say!("{warning}");
     }
     let mut stream = EventStream::new(
         session.take_events()?,
@@ -226,11 +245,12 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         } else {
             Rebuilder::new()
         },
-        writer: SessionWriter::create(&args.out, meta)?,
-        pictures: Pictures::start(args.pid, &args.out, args.wait_for, args.sample_hz)?,
+        writer: SessionWriter::create(&out, meta)?,
+        pictures: Pictures::start(args.pid, &out, args.wait_for, args.sample_hz)?,
         tally: Tally::default(),
         hooks: Hooks::start(
             args.raw_events.as_deref(),
+            args.overwrite,
             session.program_ids(),
             args.bpf_stats,
         )?,
@@ -239,7 +259,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     // The ready line (xtask profile and the tests wait for it): printed once everything that
     // runs before the loop is done, so load started after it is traced from its first request.
     let ids: Vec<String> = session.program_ids().iter().map(u32::to_string).collect();
-    eprintln!("tracer: program ids {}", ids.join(","));
+    say!("tracer: program ids {}", ids.join(","));
     // Attached: from here on the tracer only reads, and that can wait for others.
     yield_cpu_to_others()?;
     let started = Instant::now();
@@ -251,6 +271,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         sink.write(outcomes)?;
         let signal = stop.load(Ordering::SeqCst);
         if signal != 0 {
+            say!("tracer: stopping (signal {signal}); Ctrl-C again exits at once, writing nothing");
             break StopReason::Signal(signal as i32);
         }
         if exited {
@@ -264,7 +285,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
             let events = stream.counters.events;
             let aggregate = sink.writer.aggregate();
             let requests = aggregate.requests() + aggregate.incomplete();
-            eprintln!(
+            say!(
                 "tracer: {:>6.1}s  {:>7.0} req/s  p99 overhead {:>8.1} us  {:>8.0} events/s  \
                  lost {}  incomplete {}",
                 started.elapsed().as_secs_f64(),
@@ -295,7 +316,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         StopReason::Duration => "duration reached".to_owned(),
         StopReason::TargetExited => format!("pid {} exited", args.pid),
     };
-    eprintln!(
+    say!(
         "tracer: stopped ({why}) after {traced_s:.1}s, detached in {detach_s:.1}s; {} events \
          ({} lost, {} late, {} malformed)",
         stream.counters.events,
@@ -303,22 +324,23 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         stream.late_events(),
         stream.counters.malformed,
     );
-    eprintln!("tracer: events {}", sink.tally.summary());
+    say!("tracer: events {}", sink.tally.summary());
     let (user_s, system_s) = crate::validate::cost::own_cpu_seconds();
-    eprintln!("tracer: own cpu {user_s:.2}s user + {system_s:.2}s system");
+    say!("tracer: own cpu {user_s:.2}s user + {system_s:.2}s system");
     let kernel_drops = crate::events::drops::read(&drops)?;
     let unclaimed = sink.rebuilder.established_unclaimed();
     if kernel_drops.tids_full + kernel_drops.in_flight_full > 0 {
-        eprintln!(
+        say!(
             "tracer: WARNING kernel maps full: {} thread adds and {} syscall enters dropped; \
              requests that needed them are incomplete",
-            kernel_drops.tids_full, kernel_drops.in_flight_full,
+            kernel_drops.tids_full,
+            kernel_drops.in_flight_full,
         );
     }
     if kernel_drops.stack_failed > 0 {
         // Without BPF_F_REUSE_STACKID a stack whose hash bucket holds another stack is not
         // stored (reusing would repoint ids already sent); a stack can also fail to walk.
-        eprintln!(
+        say!(
             "tracer: {} stack walks failed (bucket held by another stack, or not walkable); \
              those samples and switch-outs are drawn as {}",
             kernel_drops.stack_failed,
@@ -326,14 +348,14 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         );
     }
     if unclaimed > 0 {
-        eprintln!(
+        say!(
             "tracer: WARNING {unclaimed} connections reached the listening port(s) and were never \
              served by the target (another network namespace on the same port?)"
         );
     }
     let evicted = crate::events::drops::target_socks_evicted_at_least(&kernel_drops);
     if evicted > 0 {
-        eprintln!(
+        say!(
             "tracer: WARNING at least {evicted} sockets were evicted from the kernel's set of the \
              target's sockets (full with sockets of other network namespaces on the listening \
              port?); their data arrivals until the next read were not seen"
@@ -344,12 +366,12 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     if let Some(warning) =
         crate::events::drops::add_kretprobe_missed(&mut drops_json, kretprobe_missed.as_deref())
     {
-        eprintln!("{warning}");
+        say!("{warning}");
     }
     if let Some(warning) =
         crate::events::drops::add_recursion_misses(&mut drops_json, &recursion_misses)
     {
-        eprintln!("{warning}");
+        say!("{warning}");
     }
     sink.writer.add_section("drops", drops_json);
     sink.writer.add_section(
@@ -373,7 +395,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let pictures = sink
         .pictures
         .finish(&summary.bands, &stacks, sink.rebuilder.task_names())?;
-    eprintln!(
+    say!(
         "tracer: pictures of {} requests ({} tail, {} median band; {} samples, {} in the tail) \
          drawn in {:.1}s",
         pictures.requests,
@@ -383,9 +405,11 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         pictures.tail_samples,
         drawing.elapsed().as_secs_f64(),
     );
-    println!("{}", summary.table);
+    // The files are written; a closed stdout loses only this copy of the table.
+    let mut stdout = io::stdout().lock();
+    let _ = writeln!(stdout, "{}", summary.table);
     if let Some(probe_cost) = probe_cost {
-        println!("{probe_cost}");
+        let _ = writeln!(stdout, "{probe_cost}");
     }
     Ok(())
 }

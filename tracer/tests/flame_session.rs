@@ -145,7 +145,8 @@ fn draw(dir: &Path, wait_for: bool) -> FlameSummary {
 }
 
 fn draw_records(dir: &Path, wait_for: bool, records: Vec<RequestRecord>) -> FlameSummary {
-    let mut session = FlameSession::create(dir).unwrap();
+    let out = tracer::out_dir::OutDir::open_for(dir, false, None).unwrap();
+    let mut session = FlameSession::create(&out).unwrap();
     if wait_for {
         session = session.with_wait_for();
     }

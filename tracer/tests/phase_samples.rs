@@ -122,7 +122,8 @@ fn sampled_phases_agree_with_the_exact_split_within_the_sampling_bound() {
     assert_eq!(records.len() as u64, REQUESTS);
 
     let dir = tempfile::tempdir().unwrap();
-    let mut session = FlameSession::create(dir.path())
+    let out = tracer::out_dir::OutDir::open_for(dir.path(), false, None).unwrap();
+    let mut session = FlameSession::create(&out)
         .unwrap()
         .with_sample_hz(1_000_000_000 / PERIOD);
     for r in &records {

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use tracer::out_dir::OutDir;
 use tracer::report::{SessionEnd, SessionMeta, SessionWriter};
 use tracer::requests::{Hits, Incomplete, Outcome, PARTS, Part, RequestRecord};
 use tracer_ebpf::sites::Phase;
@@ -110,7 +111,8 @@ fn run(dir: &Path) -> tracer::report::Summary {
             ("probe_sites".to_owned(), "uprobe".to_owned()),
         ]),
     };
-    let mut writer = SessionWriter::create(dir, meta).unwrap();
+    let out = OutDir::open_for(dir, false, None).unwrap();
+    let mut writer = SessionWriter::create(&out, meta).unwrap();
     for outcome in session() {
         writer.write(&outcome).unwrap();
     }
@@ -208,8 +210,9 @@ fn files_are_consistent_with_each_other() {
 #[test]
 fn bad_directory_is_a_clear_error() {
     let file = tempfile::NamedTempFile::new().unwrap();
-    let err = SessionWriter::create(&file.path().join("sub"), SessionMeta::default())
-        .err()
-        .unwrap();
-    assert!(format!("{err:#}").contains("creating"), "{err:#}");
+    let err = OutDir::open_for(&file.path().join("sub"), false, None).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("creating output directory"),
+        "{err:#}"
+    );
 }

@@ -480,13 +480,15 @@ struct EffectArms<'a> {
 impl ab::Arms for EffectArms<'_> {
     fn attach(&mut self, index: usize) -> anyhow::Result<Traced> {
         let dir = self.work.join(format!("effect-{index}"));
-        fs::create_dir_all(&dir)?;
+        session_dir::for_tracer(&dir)?;
+        // The tracer's log is already in it.
         let mut flags = strings(&[
             "record",
             "--pid",
             &self.pid.to_string(),
             "--out",
             &path_arg(&dir),
+            "--overwrite",
         ]);
         flags.extend_from_slice(self.flags);
         // The session measures the calibration once; the windows skip its loops.
@@ -546,7 +548,17 @@ fn start_tracer(
     out: &Path,
     logs: &Path,
 ) -> anyhow::Result<TracerProc> {
-    let mut flags = strings(&["record", "--pid", &pid.to_string(), "--out", &path_arg(out)]);
+    // The session directory already holds find-max.json and probe-effect.json; --overwrite
+    // lets the tracer add its files beside them (session_dir checked it was ours to fill).
+    session_dir::for_tracer(out)?;
+    let mut flags = strings(&[
+        "record",
+        "--pid",
+        &pid.to_string(),
+        "--out",
+        &path_arg(out),
+        "--overwrite",
+    ]);
     flags.extend_from_slice(tracer_flags);
     eprintln!("xtask: attaching the tracer to pid {pid}");
     procs::start_tracer(bin, Some(&args.placement.load_cpus), &flags, logs)

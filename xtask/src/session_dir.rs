@@ -22,6 +22,16 @@ pub fn prepare(out: Option<&Path>, name: &str, overwrite: bool) -> anyhow::Resul
     Ok(dir)
 }
 
+/// Creates `dir` for `tracer record --out` and takes group and other write off it: the tracer
+/// refuses a directory others could plant links in, whatever the umask made it.
+pub fn for_tracer(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o7755))
+        .with_context(|| format!("chmod go-w {}", dir.display()))
+}
+
 /// Refuses a directory that already holds anything, unless `overwrite`.
 fn check(dir: &Path, overwrite: bool) -> anyhow::Result<()> {
     let mut entries = match std::fs::read_dir(dir) {
@@ -68,6 +78,20 @@ mod tests {
             "recorded",
             "checking touches nothing"
         );
+    }
+
+    #[test]
+    fn tracer_directories_are_writable_only_by_their_owner() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path().join("tracer");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        for_tracer(&dir).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o755);
+        for_tracer(&temp.path().join("new")).unwrap();
+        assert!(temp.path().join("new").is_dir());
     }
 
     #[test]

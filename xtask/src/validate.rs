@@ -204,13 +204,15 @@ impl Bench {
     /// Starts `tracer record` on the load CPUs and waits until its programs are attached.
     fn attach(&mut self, name: &str, extra: &[&str]) -> anyhow::Result<Traced> {
         let dir = self.work.join(name);
-        fs::create_dir_all(&dir)?;
+        crate::session_dir::for_tracer(&dir)?;
+        // The tracer's log is already in it.
         let mut flags = strings(&[
             "record",
             "--pid",
             &self.gateway.proc.pid().to_string(),
             "--out",
             &path_arg(&dir),
+            "--overwrite",
         ]);
         flags.extend(strings(extra));
         // Calibration is measured once, in the accuracy run; the others skip its loops.

@@ -1,27 +1,59 @@
 //! tracefs: mounted or mounted by us, and the format files that the kernel programs' field
 //! offsets ([`tracer_ebpf::tracepoints`]) are checked against.
 
-use std::{fs, path::Path};
+use std::{
+    fs,
+    path::Path,
+    sync::atomic::{AtomicBool, Ordering},
+};
 
 use anyhow::{Context as _, bail};
+use rustix::mount::{MountFlags, UnmountFlags, mount, unmount};
 use tracer_ebpf::tracepoints::{EXIT_DEAD, EXIT_ZOMBIE, Field, Layout, TASK_REPORT_MAX};
 
 pub const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Set once this process mounted tracefs, so that it leaves the machine as it found it.
+static MOUNTED_BY_US: AtomicBool = AtomicBool::new(false);
 
 /// aya finds tracepoint ids through tracefs; mount it when the machine has not.
 pub fn ensure_mounted() -> anyhow::Result<()> {
     if Path::new(TRACEFS).join("events").is_dir() {
         return Ok(());
     }
-    let status = std::process::Command::new("mount")
-        .args(["-t", "tracefs", "nodev", TRACEFS])
-        .status()
-        .context("running mount -t tracefs")?;
-    if !status.success() || !Path::new(TRACEFS).join("events").is_dir() {
-        bail!("tracefs is not mounted at {TRACEFS} and `mount -t tracefs nodev {TRACEFS}` failed");
+    mount(
+        "nodev",
+        TRACEFS,
+        "tracefs",
+        MountFlags::empty(),
+        None::<&std::ffi::CStr>,
+    )
+    .map_err(std::io::Error::from)
+    .with_context(|| format!("tracefs is not mounted at {TRACEFS} and mounting it failed"))?;
+    MOUNTED_BY_US.store(true, Ordering::SeqCst);
+    if !Path::new(TRACEFS).join("events").is_dir() {
+        bail!("mounted tracefs at {TRACEFS} but it has no events/ directory");
     }
-    eprintln!("tracer: mounted tracefs at {TRACEFS}");
+    say!("tracer: mounted tracefs at {TRACEFS}");
     Ok(())
+}
+
+/// Unmounts tracefs on drop if [`ensure_mounted`] mounted it. Hold it for the whole session
+/// and drop it after detaching.
+#[derive(Debug)]
+pub struct UnmountOnDrop;
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        if !MOUNTED_BY_US.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        // Lazy: another process may still have a file open in it; it goes when that closes.
+        match unmount(TRACEFS, UnmountFlags::DETACH) {
+            Ok(()) => say!("tracer: unmounted tracefs from {TRACEFS}"),
+            Err(e) => say!("tracer: WARNING could not unmount tracefs from {TRACEFS}: {e}"),
+        }
+    }
 }
 
 /// One `field:` line of a format file.

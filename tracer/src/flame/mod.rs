@@ -18,11 +18,11 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::fs;
 use std::io::{self, BufWriter, Write};
-use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::json;
 
+use crate::out_dir::OutDir;
 use crate::requests::RequestRecord;
 use crate::symbolize::{StackSource, Symbolizer};
 use trace_json::{Group, ThreadNames, TraceSummary};
@@ -63,7 +63,7 @@ pub struct BandPhases {
 
 /// Collects a session's requests for the pictures.
 pub struct FlameSession {
-    out_dir: PathBuf,
+    out_dir: OutDir,
     spill: Spill,
     wait_for: bool,
     sample_hz: Option<u64>,
@@ -96,13 +96,11 @@ pub struct FlameSummary {
 }
 
 impl FlameSession {
-    /// Starts a session writing into `out_dir` (created if missing).
-    pub fn create(out_dir: &Path) -> Result<Self> {
-        fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-        let spill = Spill::create(out_dir)
-            .with_context(|| format!("creating a spill file in {}", out_dir.display()))?;
+    /// Starts a session writing into `out_dir`.
+    pub fn create(out_dir: &OutDir) -> Result<Self> {
+        let spill = Spill::create(out_dir).context("creating the flame spill file")?;
         Ok(FlameSession {
-            out_dir: out_dir.to_owned(),
+            out_dir: out_dir.clone(),
             spill,
             wait_for: false,
             sample_hz: None,
@@ -297,9 +295,9 @@ impl FlameSession {
             };
             summary.wait_all = Some(all_wait.summary(threads, tasks));
         }
-        fs::write(
-            self.out_dir.join(format!("{}.folded", files::MEDIAN_ONCPU)),
-            median_folded.to_text(),
+        self.out_dir.write(
+            &format!("{}.folded", files::MEDIAN_ONCPU),
+            median_folded.to_text().as_bytes(),
         )?;
         let diff = Picture {
             title: format!(
@@ -311,7 +309,7 @@ impl FlameSession {
                 .to_owned(),
             count_name: "samples",
         };
-        write_file(&self.out_dir.join(files::TAIL_DIFF), |out| {
+        write_file(&self.out_dir, files::TAIL_DIFF, |out| {
             render::differential_svg(&diff, &median_folded, &tail_folded, out)
         })?;
 
@@ -329,28 +327,21 @@ impl FlameSession {
             .map(|(_, _, r)| (Group::Slowest, r))
             .chain(closest.iter().map(|(_, _, Keep(r))| (Group::Median, r)))
             .collect();
-        summary.trace = trace_json::write_trace(
-            &self.out_dir.join(files::TRACE),
-            &selected,
-            threads,
-            gateway_pid,
-        )
-        .context("writing trace.json")?;
+        let trace = self.out_dir.create_file(files::TRACE)?;
+        summary.trace = trace_json::write_trace(trace, &selected, threads, gateway_pid)
+            .context("writing trace.json")?;
 
-        fs::write(
-            self.out_dir.join(files::SUMMARY),
-            summary_json(&summary, bands, self.sample_hz),
+        self.out_dir.write(
+            files::SUMMARY,
+            summary_json(&summary, bands, self.sample_hz).as_bytes(),
         )?;
         Ok(summary)
     }
 
     fn write_pair(&self, stem: &str, folded: &Folded, picture: &Picture) -> Result<()> {
-        fs::write(
-            self.out_dir.join(format!("{stem}.folded")),
-            folded.to_text(),
-        )
-        .with_context(|| format!("writing {stem}.folded"))?;
-        write_file(&self.out_dir.join(format!("{stem}.svg")), |out| {
+        self.out_dir
+            .write(&format!("{stem}.folded"), folded.to_text().as_bytes())?;
+        write_file(&self.out_dir, &format!("{stem}.svg"), |out| {
             render::svg(picture, folded, out)
         })
     }
@@ -369,7 +360,7 @@ pub struct Pictures {
 impl Pictures {
     /// `wait_for`: also draw the wait-for view (the records carry their waits).
     /// `sample_hz`: the session's cpu-clock sampling rate.
-    pub fn start(pid: u32, out_dir: &Path, wait_for: bool, sample_hz: u64) -> Result<Self> {
+    pub fn start(pid: u32, out_dir: &OutDir, wait_for: bool, sample_hz: u64) -> Result<Self> {
         let session = FlameSession::create(out_dir)?.with_sample_hz(sample_hz);
         Ok(Pictures {
             session: if wait_for {
@@ -410,15 +401,14 @@ impl Pictures {
 }
 
 fn write_file(
-    path: &Path,
+    dir: &OutDir,
+    name: &str,
     render: impl FnOnce(&mut BufWriter<fs::File>) -> io::Result<()>,
 ) -> Result<()> {
-    let mut out = BufWriter::new(
-        fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
-    );
+    let mut out = BufWriter::new(dir.create_file(name)?);
     render(&mut out)
         .and_then(|()| out.flush())
-        .with_context(|| format!("writing {}", path.display()))
+        .with_context(|| format!("writing {}", dir.path().join(name).display()))
 }
 
 fn phases_json(counts: &PhaseSamples) -> serde_json::Value {

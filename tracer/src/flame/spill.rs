@@ -6,11 +6,12 @@
 //! signed ones (stack ids, times that could precede `t_arrive`) zigzag-encoded. The file is
 //! private to one session and removed when the [`Spill`] is dropped.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::path::{Path, PathBuf};
 
 use tracer_ebpf::sites::Phase;
+
+use crate::out_dir::OutDir;
 
 use crate::requests::{
     Holder, OffCpu, PARTS, Part, RequestRecord, Slice, StackSample, WaitCharge, WriterWork,
@@ -44,21 +45,24 @@ impl SpilledRequest {
     }
 }
 
+/// The spill's name in the output directory.
+pub const SPILL_FILE: &str = ".flame-spill.bin";
+
 /// Writes records to a file in the session's output directory, removed on drop.
 pub struct Spill {
-    path: PathBuf,
+    dir: OutDir,
     writer: Option<BufWriter<File>>,
     records: u64,
     scratch: Vec<u8>,
 }
 
 impl Spill {
-    /// Creates `dir/.flame-spill.bin` (truncating a leftover from a crashed session).
-    pub fn create(dir: &Path) -> io::Result<Self> {
-        let path = dir.join(".flame-spill.bin");
-        let file = File::create(&path)?;
+    /// Creates [`SPILL_FILE`] in `dir` (a leftover from a crashed session only with
+    /// `--overwrite`, as any other output).
+    pub fn create(dir: &OutDir) -> anyhow::Result<Self> {
+        let file = dir.create_file(SPILL_FILE)?;
         Ok(Spill {
-            path,
+            dir: dir.clone(),
             writer: Some(BufWriter::with_capacity(1 << 20, file)),
             records: 0,
             scratch: Vec::with_capacity(512),
@@ -84,12 +88,12 @@ impl Spill {
     }
 
     /// Flushes and returns a reader over every record pushed so far, in push order.
-    pub fn read_back(&mut self) -> io::Result<SpillReader> {
+    pub fn read_back(&mut self) -> anyhow::Result<SpillReader> {
         if let Some(mut writer) = self.writer.take() {
             writer.flush()?;
         }
         Ok(SpillReader {
-            reader: BufReader::with_capacity(1 << 20, File::open(&self.path)?),
+            reader: BufReader::with_capacity(1 << 20, self.dir.open_file(SPILL_FILE)?),
             body: Vec::with_capacity(512),
         })
     }
@@ -99,7 +103,7 @@ impl Drop for Spill {
     fn drop(&mut self) {
         self.writer = None;
         // Best effort: the file is scratch space and must not outlive the session.
-        let _ = fs::remove_file(&self.path);
+        let _ = self.dir.remove(SPILL_FILE);
     }
 }
 
@@ -435,7 +439,7 @@ mod tests {
     #[test]
     fn records_round_trip_in_order_and_the_file_is_removed() {
         let dir = tempfile::tempdir().unwrap();
-        let mut spill = Spill::create(dir.path()).unwrap();
+        let mut spill = Spill::create(&OutDir::open_for(dir.path(), false, None).unwrap()).unwrap();
         for id in [u64::MAX, 7, 0] {
             spill.push(&record(id)).unwrap();
         }
@@ -455,7 +459,7 @@ mod tests {
             assert_eq!(got.waits, want.waits);
             assert_eq!(got.overhead_ns(), want.overhead_ns());
         }
-        let path = dir.path().join(".flame-spill.bin");
+        let path = dir.path().join(SPILL_FILE);
         assert!(path.exists());
         drop(spill);
         assert!(!path.exists());
@@ -465,7 +469,7 @@ mod tests {
     fn a_charged_request_with_no_charges_round_trips() {
         // Its waits end the record: the count (1) is larger than the bytes left (0).
         let dir = tempfile::tempdir().unwrap();
-        let mut spill = Spill::create(dir.path()).unwrap();
+        let mut spill = Spill::create(&OutDir::open_for(dir.path(), false, None).unwrap()).unwrap();
         let mut charged_nothing = record(3);
         charged_nothing.waits = Some(vec![]);
         spill.push(&charged_nothing).unwrap();
@@ -480,12 +484,12 @@ mod tests {
     #[test]
     fn a_truncated_file_is_an_error_not_a_short_read() {
         let dir = tempfile::tempdir().unwrap();
-        let mut spill = Spill::create(dir.path()).unwrap();
+        let mut spill = Spill::create(&OutDir::open_for(dir.path(), false, None).unwrap()).unwrap();
         spill.push(&record(1)).unwrap();
         spill.read_back().unwrap();
-        let path = dir.path().join(".flame-spill.bin");
-        let bytes = fs::read(&path).unwrap();
-        fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+        let path = dir.path().join(SPILL_FILE);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
         let results: Vec<_> = spill.read_back().unwrap().collect();
         assert_eq!(results.len(), 1);
         assert!(results[0].is_err());

@@ -16,7 +16,6 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
-use std::path::Path;
 
 use serde_json::{Value, json};
 
@@ -207,13 +206,13 @@ pub fn trace(
 }
 
 pub fn write_trace(
-    path: &Path,
+    mut out: impl io::Write,
     requests: &[(Group, &SpilledRequest)],
     threads: &ThreadNames,
     gateway_pid: u32,
 ) -> io::Result<TraceSummary> {
     let (value, summary) = trace(requests, threads, gateway_pid);
-    fs::write(path, serde_json::to_vec(&value).map_err(io::Error::other)?)?;
+    out.write_all(&serde_json::to_vec(&value).map_err(io::Error::other)?)?;
     Ok(summary)
 }
 

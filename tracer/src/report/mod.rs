@@ -10,11 +10,11 @@ mod table;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
-use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
 use crate::aggregate::{Aggregate, Metric};
+use crate::out_dir::OutDir;
 use crate::requests::{Outcome, Part};
 
 pub use bands::{Band, Bands};
@@ -57,7 +57,7 @@ pub const BREAKDOWN_JSON: &str = "breakdown.json";
 
 /// Writes one session's files as outcomes stream in, aggregating as it goes.
 pub struct SessionWriter {
-    dir: PathBuf,
+    dir: OutDir,
     meta: SessionMeta,
     requests: BufWriter<File>,
     incomplete: BufWriter<File>,
@@ -67,21 +67,15 @@ pub struct SessionWriter {
     sections: Vec<(String, serde_json::Value)>,
 }
 
-fn create(path: &Path) -> Result<BufWriter<File>> {
-    let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    Ok(BufWriter::new(file))
-}
-
 impl SessionWriter {
-    /// Create `dir` if needed and start `requests.csv` and `incomplete.csv` in it.
-    pub fn create(dir: &Path, meta: SessionMeta) -> Result<Self> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mut requests = create(&dir.join(REQUESTS_CSV))?;
+    /// Start `requests.csv` and `incomplete.csv` in `dir`.
+    pub fn create(dir: &OutDir, meta: SessionMeta) -> Result<Self> {
+        let mut requests = BufWriter::new(dir.create_file(REQUESTS_CSV)?);
         writeln!(requests, "{}", csv::header())?;
-        let mut incomplete = create(&dir.join(INCOMPLETE_CSV))?;
+        let mut incomplete = BufWriter::new(dir.create_file(INCOMPLETE_CSV)?);
         writeln!(incomplete, "request_id,reason")?;
         Ok(SessionWriter {
-            dir: dir.to_owned(),
+            dir: dir.clone(),
             meta,
             requests,
             incomplete,
@@ -121,8 +115,7 @@ impl SessionWriter {
         let bands = Bands::from_quantiles(|q| agg.overhead_quantile_ns(q));
         let mut tail = bands::BandSum::new();
         let mut median = bands::BandSum::new();
-        let path = self.dir.join(REQUESTS_CSV);
-        let file = File::open(&path).with_context(|| format!("reading {}", path.display()))?;
+        let file = self.dir.open_file(REQUESTS_CSV)?;
         csv::for_each_row(BufReader::new(file), |row| {
             if bands.is_tail(row.overhead_ns) {
                 tail.add(row);
@@ -145,8 +138,7 @@ impl SessionWriter {
             json = json.with(name, json::Value::from_serde(value));
         }
         let json = json.render();
-        let path = self.dir.join(BREAKDOWN_JSON);
-        std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
+        self.dir.write(BREAKDOWN_JSON, json.as_bytes())?;
         Ok(Summary {
             table: table::render(&view),
             requests: agg.requests(),

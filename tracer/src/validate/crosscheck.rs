@@ -56,8 +56,9 @@ pub struct RawDump {
 }
 
 impl RawDump {
-    pub fn create(path: &Path) -> Result<RawDump> {
-        let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    /// Creates `path` as a session's outputs are created (`overwrite`: `--overwrite`).
+    pub fn create(path: &Path, overwrite: bool) -> Result<RawDump> {
+        let file = crate::out_dir::create_file_at(path, overwrite)?;
         Ok(RawDump {
             out: BufWriter::with_capacity(1 << 20, file),
             written: 0,
@@ -312,7 +313,7 @@ mod tests {
             ev(5, 1, kind::SYSCALL, syscall::FDATASYNC, [2, 9, u64::MAX]),
             ev(7, 2, kind::SWITCH_IN, 0, [0; 3]),
         ];
-        let mut dump = RawDump::create(&path).unwrap();
+        let mut dump = RawDump::create(&path, false).unwrap();
         for e in &events {
             dump.write(e).unwrap();
         }

@@ -26,13 +26,16 @@ pub struct Hooks {
 }
 
 impl Hooks {
-    /// Call once every program is attached.
+    /// Call once every program is attached. `overwrite`: replace an existing `raw_events`.
     pub fn start(
         raw_events: Option<&Path>,
+        overwrite: bool,
         program_ids: Vec<u32>,
         bpf_stats: bool,
     ) -> Result<Hooks> {
-        let raw = raw_events.map(RawDump::create).transpose()?;
+        let raw = raw_events
+            .map(|path| RawDump::create(path, overwrite))
+            .transpose()?;
         Ok(Hooks {
             raw,
             raw_error: None,

@@ -1,0 +1,430 @@
+//! The session's output directory, written as root without trusting its contents: opened once
+//! (never through a symlink), refused unless it is ours and only we can write it, and every
+//! file in it created relative to that fd with O_CREAT|O_EXCL|O_NOFOLLOW. A symlink planted at
+//! `requests.csv` therefore fails the session instead of redirecting a root write. Under sudo
+//! every output is handed to the invoking user.
+
+use std::{
+    ffi::OsStr,
+    fs::File,
+    io::{self, Write as _},
+    os::fd::{AsFd, OwnedFd},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use anyhow::{Context as _, Result, bail};
+use rustix::{
+    fs::{AtFlags, CWD, Dir, Mode, OFlags, fchmod, fchown, fstat, mkdirat, openat, unlinkat},
+    io::Errno,
+    process::{Gid, Uid, geteuid},
+};
+
+/// Who should own the outputs when it is not the tracer's own (effective) user.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: Uid,
+    pub gid: Gid,
+}
+
+impl Owner {
+    /// `SUDO_UID`:`SUDO_GID` when running as root under sudo; `None` otherwise.
+    pub fn from_sudo() -> Result<Option<Owner>> {
+        if !geteuid().is_root() {
+            return Ok(None);
+        }
+        Self::from_sudo_vars(
+            std::env::var_os("SUDO_UID").as_deref(),
+            std::env::var_os("SUDO_GID").as_deref(),
+        )
+    }
+
+    fn from_sudo_vars(uid: Option<&OsStr>, gid: Option<&OsStr>) -> Result<Option<Owner>> {
+        let Some(uid) = uid else {
+            return Ok(None);
+        };
+        let id = |name: &str, value: Option<&OsStr>| -> Result<u32> {
+            let value = value.with_context(|| format!("SUDO_UID is set but {name} is not"))?;
+            value
+                .to_str()
+                .and_then(|text| text.parse().ok())
+                // -1 means "leave unchanged" to chown: not an id.
+                .filter(|&id| id != u32::MAX)
+                .with_context(|| format!("{name}={value:?} is not a numeric id"))
+        };
+        let uid = Uid::from_raw(id("SUDO_UID", Some(uid))?);
+        let gid = Gid::from_raw(id("SUDO_GID", gid)?);
+        Ok(Some(Owner { uid, gid }))
+    }
+}
+
+/// An open output directory; clones share the one fd.
+#[derive(Clone, Debug)]
+pub struct OutDir {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    path: PathBuf,
+    fd: OwnedFd,
+    /// Replace the files it writes (unlink first) instead of failing on them.
+    overwrite: bool,
+    owner: Option<Owner>,
+}
+
+impl OutDir {
+    /// Opens `path` (creating it, 0755, if missing) for a session's outputs: refuses a
+    /// directory someone else owns, one others can write, and, without `overwrite`, one
+    /// that already holds anything. Outputs go to `SUDO_UID` under sudo.
+    pub fn open(path: &Path, overwrite: bool) -> Result<OutDir> {
+        Self::open_for(path, overwrite, Owner::from_sudo()?)
+    }
+
+    /// [`Self::open`] with the outputs handed to `owner` (if any) instead of sudo's user.
+    pub fn open_for(path: &Path, overwrite: bool, owner: Option<Owner>) -> Result<OutDir> {
+        let shown = path.display();
+        let created = match mkdirat(CWD, path, Mode::from_raw_mode(0o755)) {
+            Ok(()) => true,
+            Err(Errno::EXIST) => false,
+            Err(e) => {
+                return Err(io::Error::from(e))
+                    .with_context(|| format!("creating output directory {shown}"));
+            }
+        };
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = openat(CWD, path, flags, Mode::empty()).map_err(|e| match e {
+            Errno::LOOP | Errno::NOTDIR => anyhow::anyhow!(
+                "output directory {shown} is a symlink or not a directory; give the real \
+                 directory's path"
+            ),
+            e => anyhow::Error::from(io::Error::from(e))
+                .context(format!("opening output directory {shown}")),
+        })?;
+        if created {
+            // Exactly 0755 whatever the umask: the check below refuses group-writable.
+            fchmod(&fd, Mode::from_raw_mode(0o755))
+                .with_context(|| format!("chmod 0755 {shown}"))?;
+            if let Some(owner) = owner {
+                fchown(&fd, Some(owner.uid), Some(owner.gid))
+                    .with_context(|| format!("handing {shown} to uid {}", owner.uid.as_raw()))?;
+            }
+        }
+        let stat = fstat(&fd).with_context(|| format!("stat {shown}"))?;
+        let me = geteuid();
+        let ours =
+            stat.st_uid == me.as_raw() || owner.is_some_and(|o| o.uid.as_raw() == stat.st_uid);
+        if !ours {
+            bail!(
+                "refusing output directory {shown}: it is owned by uid {}, not by uid {}{}; \
+                 choose a directory of your own",
+                stat.st_uid,
+                me.as_raw(),
+                owner.map_or(String::new(), |o| format!(" or {}", o.uid.as_raw())),
+            );
+        }
+        if stat.st_mode & 0o022 != 0 {
+            bail!(
+                "refusing output directory {shown}: it is group- or other-writable (mode {:o}), \
+                 so another user could plant links in it; use a directory only you can write",
+                stat.st_mode & 0o7777
+            );
+        }
+        if !created && !overwrite {
+            let mut entries = Dir::read_from(&fd).with_context(|| format!("listing {shown}"))?;
+            for entry in &mut entries {
+                let entry = entry.with_context(|| format!("listing {shown}"))?;
+                let name = entry.file_name().to_bytes();
+                if name != b"." && name != b".." {
+                    bail!(
+                        "output directory {shown} is not empty (it holds {}); pass --overwrite \
+                         to replace the session's files in it, or choose a new directory",
+                        String::from_utf8_lossy(name)
+                    );
+                }
+            }
+        }
+        Ok(OutDir {
+            inner: Arc::new(Inner {
+                path: path.to_owned(),
+                fd,
+                overwrite,
+                owner,
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Creates `name` in the directory for writing (0644): never through a symlink, never an
+    /// existing file unless `--overwrite`, which unlinks it first (a link, not its target).
+    pub fn create_file(&self, name: &str) -> Result<File> {
+        let inner = &self.inner;
+        create_at(&inner.fd, name, inner.overwrite, inner.owner)
+            .with_context(|| format!("creating {}", inner.path.join(name).display()))
+    }
+
+    /// Creates `name` and writes `contents` to it.
+    pub fn write(&self, name: &str, contents: &[u8]) -> Result<()> {
+        self.create_file(name)?
+            .write_all(contents)
+            .with_context(|| format!("writing {}", self.inner.path.join(name).display()))
+    }
+
+    /// Opens `name`, which this session wrote, for reading (never through a symlink).
+    pub fn open_file(&self, name: &str) -> Result<File> {
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        openat(&self.inner.fd, name, flags, Mode::empty())
+            .map(File::from)
+            .map_err(io::Error::from)
+            .with_context(|| format!("opening {}", self.inner.path.join(name).display()))
+    }
+
+    /// Removes `name` (the link itself if it is one).
+    pub fn remove(&self, name: &str) -> io::Result<()> {
+        Ok(unlinkat(&self.inner.fd, name, AtFlags::empty())?)
+    }
+}
+
+/// Creates a file outside any [`OutDir`] (`--raw-events FILE`) with the same rules: O_EXCL and
+/// O_NOFOLLOW, unlinking an old one only with `overwrite`, handed to sudo's user.
+pub fn create_file_at(path: &Path, overwrite: bool) -> Result<File> {
+    create_at(CWD, path.as_os_str(), overwrite, Owner::from_sudo()?)
+        .with_context(|| format!("creating {}", path.display()))
+}
+
+fn create_at(
+    dir: impl AsFd,
+    name: impl AsRef<OsStr>,
+    overwrite: bool,
+    owner: Option<Owner>,
+) -> Result<File> {
+    let name = Path::new(name.as_ref());
+    let dir = dir.as_fd();
+    if overwrite {
+        match unlinkat(dir, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(io::Error::from(e)).context("removing the old file"),
+        }
+    }
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = openat(dir, name, flags, Mode::from_raw_mode(0o644)).map_err(|e| match e {
+        Errno::EXIST => {
+            anyhow::anyhow!("it already exists (or is a link); pass --overwrite to replace it")
+        }
+        e => io::Error::from(e).into(),
+    })?;
+    if let Some(owner) = owner {
+        fchown(&fd, Some(owner.uid), Some(owner.gid))
+            .with_context(|| format!("handing it to uid {}", owner.uid.as_raw()))?;
+    }
+    Ok(File::from(fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _, symlink};
+
+    use super::*;
+
+    const NOBODY: u32 = 65534;
+
+    /// A fresh directory `session` under a private temporary one, and a victim file beside it.
+    fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let temp = tempfile::tempdir().unwrap();
+        let victim = temp.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let dir = temp.path().join("session");
+        (temp, dir, victim)
+    }
+
+    fn open(dir: &Path, overwrite: bool) -> Result<OutDir> {
+        OutDir::open_for(dir, overwrite, None)
+    }
+
+    fn message(result: Result<impl std::fmt::Debug>) -> String {
+        format!("{:#}", result.unwrap_err())
+    }
+
+    fn skip_unless_root(test: &str) -> bool {
+        if geteuid().is_root() {
+            return false;
+        }
+        eprintln!("SKIPPED {test}: needs root (chown)");
+        true
+    }
+
+    #[test]
+    fn a_missing_directory_is_created_0755_and_written() {
+        let (_temp, dir, _) = setup();
+        let out = open(&dir, false).unwrap();
+        out.write("breakdown.json", b"{}").unwrap();
+        let meta = std::fs::metadata(&dir).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o755);
+        assert_eq!(std::fs::read(dir.join("breakdown.json")).unwrap(), b"{}");
+    }
+
+    #[test]
+    fn a_symlink_planted_at_an_output_is_not_followed() {
+        let (_temp, dir, victim) = setup();
+        // Planted before the session: the directory is not empty.
+        std::fs::create_dir(&dir).unwrap();
+        symlink(&victim, dir.join("requests.csv")).unwrap();
+        let refused = message(open(&dir, false));
+        assert!(
+            refused.contains("not empty") && refused.contains("requests.csv"),
+            "{refused}"
+        );
+        // Planted after the directory was opened: creating the file fails, naming it.
+        std::fs::remove_file(dir.join("requests.csv")).unwrap();
+        let out = open(&dir, false).unwrap();
+        symlink(&victim, dir.join("requests.csv")).unwrap();
+        let refused = message(out.create_file("requests.csv"));
+        assert!(
+            refused.contains("requests.csv") && refused.contains("already exists"),
+            "{refused}"
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(dir.join("requests.csv").is_symlink());
+    }
+
+    #[test]
+    fn overwrite_replaces_a_planted_symlink_without_following_it() {
+        let (_temp, dir, victim) = setup();
+        std::fs::create_dir(&dir).unwrap();
+        symlink(&victim, dir.join("requests.csv")).unwrap();
+        std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+        let out = open(&dir, true).unwrap();
+        out.write("requests.csv", b"request_id\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        let written = dir.join("requests.csv");
+        assert!(!written.is_symlink());
+        assert_eq!(std::fs::read_to_string(&written).unwrap(), "request_id\n");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("notes.txt")).unwrap(),
+            "mine",
+            "--overwrite replaces only what the session writes"
+        );
+    }
+
+    #[test]
+    fn a_non_empty_directory_needs_overwrite() {
+        let (_temp, dir, _) = setup();
+        std::fs::create_dir(&dir).unwrap();
+        assert!(open(&dir, false).is_ok(), "an empty directory is fine");
+        std::fs::write(dir.join("breakdown.json"), "old session").unwrap();
+        let refused = message(open(&dir, false));
+        assert!(
+            refused.contains("--overwrite") && refused.contains("breakdown.json"),
+            "{refused}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("breakdown.json")).unwrap(),
+            "old session"
+        );
+        open(&dir, true)
+            .unwrap()
+            .write("breakdown.json", b"new")
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.join("breakdown.json")).unwrap(),
+            "new"
+        );
+    }
+
+    #[test]
+    fn a_directory_others_can_write_is_refused() {
+        let (_temp, dir, _) = setup();
+        std::fs::create_dir(&dir).unwrap();
+        for mode in [0o775, 0o757, 0o1777] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+            let refused = message(open(&dir, false));
+            assert!(
+                refused.contains("group- or other-writable"),
+                "{mode:o}: {refused}"
+            );
+            assert!(refused.contains(&dir.display().to_string()), "{refused}");
+        }
+    }
+
+    #[test]
+    fn a_symlinked_directory_is_refused() {
+        let (temp, dir, _) = setup();
+        std::fs::create_dir(&dir).unwrap();
+        let link = temp.path().join("link");
+        symlink(&dir, &link).unwrap();
+        let refused = message(open(&link, false));
+        assert!(refused.contains("is a symlink"), "{refused}");
+    }
+
+    #[test]
+    fn a_directory_owned_by_another_user_is_refused() {
+        if skip_unless_root("a_directory_owned_by_another_user_is_refused") {
+            return;
+        }
+        let (_temp, dir, _) = setup();
+        std::fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+        let refused = message(open(&dir, true));
+        assert!(refused.contains("owned by uid 65534"), "{refused}");
+        // Unless it is the sudo user's.
+        let owner = Owner {
+            uid: Uid::from_raw(NOBODY),
+            gid: Gid::from_raw(NOBODY),
+        };
+        assert!(OutDir::open_for(&dir, true, Some(owner)).is_ok());
+    }
+
+    #[test]
+    fn under_sudo_outputs_go_to_the_sudo_user() {
+        if skip_unless_root("under_sudo_outputs_go_to_the_sudo_user") {
+            return;
+        }
+        let (_temp, dir, _) = setup();
+        let owner = Owner::from_sudo_vars(Some(OsStr::new("65534")), Some(OsStr::new("65534")))
+            .unwrap()
+            .unwrap();
+        let out = OutDir::open_for(&dir, false, Some(owner)).unwrap();
+        out.write("breakdown.json", b"{}").unwrap();
+        for path in [dir.clone(), dir.join("breakdown.json")] {
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            assert_eq!(
+                (meta.uid(), meta.gid()),
+                (NOBODY, NOBODY),
+                "{}",
+                path.display()
+            );
+        }
+    }
+
+    #[test]
+    fn sudo_ids_are_checked() {
+        let ids = |uid: Option<&str>, gid: Option<&str>| {
+            Owner::from_sudo_vars(uid.map(OsStr::new), gid.map(OsStr::new))
+        };
+        assert_eq!(ids(None, None).unwrap(), None);
+        let owner = ids(Some("1000"), Some("100")).unwrap().unwrap();
+        assert_eq!((owner.uid.as_raw(), owner.gid.as_raw()), (1000, 100));
+        for (uid, gid) in [
+            (Some("x"), Some("1")),
+            (Some("1"), None),
+            (Some("4294967295"), Some("1")),
+        ] {
+            assert!(ids(uid, gid).is_err(), "{uid:?}:{gid:?}");
+        }
+    }
+
+    #[test]
+    fn raw_events_file_is_created_with_the_same_rules() {
+        let (temp, _, victim) = setup();
+        let raw = temp.path().join("raw.events");
+        symlink(&victim, &raw).unwrap();
+        let refused = message(create_file_at(&raw, false));
+        assert!(refused.contains("already exists"), "{refused}");
+        create_file_at(&raw, true).unwrap().write_all(b"x").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(!raw.is_symlink());
+    }
+}

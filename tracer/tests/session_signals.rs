@@ -1,0 +1,210 @@
+//! Root only: how a session ends when it is told to. SIGTERM and SIGHUP (an ssh drop) end it
+//! like Ctrl-C, writing its files and leaving nothing attached; a second Ctrl-C exits at once;
+//! a stderr nobody reads any more does not stop it; tracefs it mounted is unmounted.
+
+mod attach_common;
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use attach_common::*;
+
+/// The fixture's body when re-executed by the tests below; a no-op in a normal test run.
+#[test]
+fn fixture_child() {
+    if let Ok(secs) = std::env::var(FIXTURE_ENV) {
+        fixture_main(secs.parse().unwrap());
+    }
+}
+
+const READY: Duration = Duration::from_secs(120);
+
+/// A running fixture, killed when the test ends (a failed assertion too), and an empty --out.
+struct Setup {
+    me: PathBuf,
+    fixture: Child,
+    out: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let me = std::env::current_exe().unwrap();
+        // Long enough for a slow machine to attach; killed on drop.
+        let fixture = spawn_fixture(&me, 600.0);
+        let out = tempfile::tempdir().unwrap();
+        Setup { me, fixture, out }
+    }
+
+    /// `tracer record` of the fixture into the --out, without calibration, then `extra`.
+    fn args(&self, extra: &[&str]) -> Vec<String> {
+        let mut all = vec!["--no-calibrate"];
+        all.extend_from_slice(extra);
+        record_args(self.fixture.id(), self.out.path(), &all)
+    }
+
+    /// The tracer with `extra`, its stderr piped to the test.
+    fn spawn_tracer(&self, extra: &[&str]) -> Child {
+        tracer()
+            .args(self.args(extra))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting the tracer")
+    }
+
+    /// The session's files are there and readable.
+    fn assert_outputs(&self, stderr: &str) {
+        let out = self.out.path();
+        let breakdown = std::fs::read_to_string(out.join("breakdown.json"))
+            .unwrap_or_else(|e| panic!("no breakdown.json ({e}):\n{stderr}"));
+        let json: serde_json::Value = serde_json::from_str(&breakdown).unwrap();
+        assert!(json["requests"].is_u64(), "{breakdown}");
+        let requests = std::fs::read_to_string(out.join("requests.csv")).unwrap();
+        assert!(requests.starts_with("request_id,"), "{requests}");
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = self.fixture.kill();
+        let _ = self.fixture.wait();
+    }
+}
+
+fn signal(child: &Child, signal: i32) {
+    // SAFETY: signalling our own child, not reaped yet.
+    unsafe { libc::kill(child.id() as i32, signal) };
+}
+
+/// Records the fixture, sends `signal` once attached, and checks the session ended cleanly.
+fn stops_cleanly_on(number: i32) {
+    let setup = Setup::new();
+    let tracer = Background::spawn(&setup.args(&[]));
+    tracer.wait_ready(READY);
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&tracer.child, number);
+    let (status, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed ({status}):\n{stderr}");
+    assert!(
+        stderr.contains(&format!("stopped (signal {number})")),
+        "{stderr}"
+    );
+    setup.assert_outputs(&stderr);
+    assert_eq!(still_loaded(&program_ids(&stderr)), Vec::<u32>::new());
+    assert_eq!(leftover_uprobes(&setup.me), Vec::<String>::new());
+}
+
+#[test]
+fn sigterm_mid_session_writes_the_outputs_and_detaches() {
+    if require_root("sigterm_mid_session_writes_the_outputs_and_detaches") {
+        stops_cleanly_on(libc::SIGTERM);
+    }
+}
+
+#[test]
+fn sighup_mid_session_writes_the_outputs_and_detaches() {
+    if require_root("sighup_mid_session_writes_the_outputs_and_detaches") {
+        stops_cleanly_on(libc::SIGHUP);
+    }
+}
+
+#[test]
+fn a_second_sigint_exits_at_once_writing_nothing() {
+    if !require_root("a_second_sigint_exits_at_once_writing_nothing") {
+        return;
+    }
+    let setup = Setup::new();
+    let mut child = setup.spawn_tracer(&[]);
+    let (lines, received) = std::sync::mpsc::channel();
+    let pipe = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let mut seen = String::new();
+    let mut wait_for = |prefix: &str| loop {
+        let line = received
+            .recv_timeout(READY)
+            .unwrap_or_else(|_| panic!("no `{prefix}` line:\n{seen}"));
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.starts_with(prefix) {
+            break;
+        }
+    };
+    wait_for("tracer: program ids ");
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&child, libc::SIGINT);
+    // Only once the first is handled: two pending SIGINTs would merge into one.
+    wait_for("tracer: stopping (signal 2)");
+    signal(&child, libc::SIGINT);
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    assert_eq!(status.code(), Some(130), "{status}:\n{seen}");
+    assert!(
+        !setup.out.path().join("breakdown.json").exists(),
+        "an interrupted stop writes no breakdown:\n{seen}"
+    );
+}
+
+#[test]
+fn a_closed_stderr_does_not_stop_the_session() {
+    if !require_root("a_closed_stderr_does_not_stop_the_session") {
+        return;
+    }
+    let setup = Setup::new();
+    // Progress lines come every second: the ones after the ready line hit a closed pipe.
+    let mut child = setup.spawn_tracer(&["--duration", "3"]);
+    let mut seen = String::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.starts_with("tracer: program ids ") {
+            break;
+        }
+    }
+    // The reader is dropped here: every later write to stderr fails with EPIPE.
+    let status = child.wait().unwrap();
+    assert!(status.success(), "tracer failed ({status}):\n{seen}");
+    setup.assert_outputs(&seen);
+}
+
+/// In a mount namespace of its own where tracefs is not mounted, the tracer mounts it, and
+/// unmounts it when done.
+#[test]
+fn tracefs_the_tracer_mounted_is_unmounted() {
+    if !require_root("tracefs_the_tracer_mounted_is_unmounted") {
+        return;
+    }
+    let setup = Setup::new();
+    // Exit 99: tracefs still mounted after the tracer. The host's mounts are not touched.
+    let script = r#"umount /sys/kernel/tracing || exit 98
+"$@"; rc=$?
+grep -q ' /sys/kernel/tracing tracefs ' /proc/self/mounts && exit 99
+exit $rc"#;
+    let output = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(env!("CARGO_BIN_EXE_tracer"))
+        .args(setup.args(&["--duration", "1"]))
+        .output()
+        .expect("running unshare");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{}:\n{stderr}", output.status);
+    assert!(stderr.contains("tracer: mounted tracefs"), "{stderr}");
+    assert!(stderr.contains("tracer: unmounted tracefs"), "{stderr}");
+    setup.assert_outputs(&stderr);
+}
