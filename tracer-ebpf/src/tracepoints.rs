@@ -66,7 +66,7 @@ pub const TASK_REPORT_MAX: i64 = 0x100;
 pub const EXIT_DEAD: i64 = 0x10;
 pub const EXIT_ZOMBIE: i64 = 0x20;
 
-/// The send, receive and data-ready tracepoints (Linux 6.4+); kernels without them use fentry
+/// The send, receive and data-ready tracepoints (Linux 6.3+); kernels without them use fentry
 /// or kprobes on the functions they sit in (see `programs/sockets.rs`).
 pub const SOCK_IO_LAYOUTS: [Layout; 3] = [
     Layout {

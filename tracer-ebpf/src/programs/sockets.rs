@@ -1,7 +1,7 @@
 //! Socket hooks: learn which `struct sock` is which fd of the target (in its context), then
 //! report data arrival on those sockets from any context. Send, receive and data-ready come in
 //! three variants of which user space attaches one (`attach/detect.rs`): the sock:*
-//! tracepoints (Linux 6.4+), or fentry or kprobe on the kernel functions that take the
+//! tracepoints (Linux 6.3+), or fentry or kprobe on the kernel functions that take the
 //! `struct sock *` as their first argument (`tcp_sendmsg`, `tcp_recvmsg`, `sock_def_readable`,
 //! where the tracepoints sit one call up or inside). TCP state changes are always the
 //! `sock:inet_sock_set_state` tracepoint (Linux 4.16+), whose record has the ports.

@@ -69,7 +69,7 @@ pub struct Detected {
     pub kprobe: Availability,
     /// The `syscalls:sys_{enter,exit}_*` tracepoints with the expected layout.
     pub syscall_tracepoints: Availability,
-    /// The sock:* send, receive and data-ready tracepoints (Linux 6.4+).
+    /// The sock:* send, receive and data-ready tracepoints (Linux 6.3+).
     pub sock_tracepoints: Availability,
 }
 

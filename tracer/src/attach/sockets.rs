@@ -16,7 +16,7 @@ pub fn check() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The send, data-ready and receive tracepoints (Linux 6.4+).
+/// The send, data-ready and receive tracepoints (Linux 6.3+).
 pub fn check_tracepoints() -> anyhow::Result<()> {
     for layout in &SOCK_IO_LAYOUTS {
         tracefs::check_layout(layout)?;
