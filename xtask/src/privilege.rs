@@ -5,8 +5,9 @@
 //! path is absolute, so sudo's secure_path does not matter). Run as root (CI, a VM), nothing
 //! changes.
 //!
-//! Under sudo the tracer writes its files as root: after it stops, whatever in its output
-//! directory is not the user's is handed back (`sudo chown -R`).
+//! Under sudo the tracer hands its own outputs to SUDO_UID; after it stops, whatever in its
+//! output directory is still not the user's (a log, a file of an older tracer) is handed back
+//! too (`sudo chown -R`), so nothing root-owned is left in the user's tree.
 
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt as _;

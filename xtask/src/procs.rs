@@ -412,10 +412,21 @@ impl TracerProc {
     /// SIGINT (the tracer's Ctrl-C: drain, detach, report), then waits for it to write its
     /// files and hands them to the user; fails unless it exits successfully.
     pub fn stop(&mut self) -> anyhow::Result<()> {
-        let status = match self.runner.kill(self.pid, libc::SIGINT) {
-            Ok(()) => self.proc.wait_timeout(TRACER_FINISH_TIMEOUT)?,
+        // A long session can outlast sudo's credential cache; `sudo -n kill` needs it.
+        self.runner.refresh()?;
+        let signalled = self.runner.kill(self.pid, libc::SIGINT);
+        let waited = match &signalled {
+            Ok(()) => self.proc.wait_timeout(TRACER_FINISH_TIMEOUT),
             // Already gone (its target exited, say): its exit status tells how it went.
-            Err(err) => self.proc.wait_timeout(STOP_GRACE).map_err(|_| err)?,
+            Err(_) => self.proc.wait_timeout(STOP_GRACE),
+        };
+        if waited.is_err() && self.runner != Runner::Root && process_exists(self.pid) {
+            // The wait killed sudo on its way out, which does not reach the root tracer.
+            let _ = self.runner.kill(self.pid, libc::SIGKILL);
+        }
+        let status = match (signalled, waited) {
+            (_, Ok(status)) => status,
+            (Err(err), Err(_)) | (Ok(()), Err(err)) => return Err(err),
         };
         let handed_back = match &self.out {
             Some(out) => self.runner.hand_back(out),
@@ -430,10 +441,16 @@ impl TracerProc {
     }
 }
 
+/// Whether `pid` names a live (or unreaped) process.
+fn process_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
 impl Drop for TracerProc {
     fn drop(&mut self) {
-        // SIGKILL to sudo would not reach the tracer: kill the tracer itself.
-        if self.runner != Runner::Root && matches!(self.proc.child.try_wait(), Ok(None)) {
+        // SIGKILL to sudo would not reach the tracer, and sudo may be gone already: kill the
+        // tracer itself while it runs.
+        if self.runner != Runner::Root && process_exists(self.pid) {
             let _ = self.runner.kill(self.pid, libc::SIGKILL);
         }
     }

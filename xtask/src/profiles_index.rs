@@ -249,11 +249,17 @@ fn session(dir: &Path, name: &str) -> anyhow::Result<Run> {
     };
     let delay_ms = command_flag(&readme, "--delay-ms", &readme_path)?;
     let loadgen: Loadgen = read_json(&dir.join("loadgen.json"))?;
-    let find_max: FindMax = read_json(&dir.join("find-max.json"))?;
+    // A session given `--max-rate` searched nothing and has no find-max.json.
+    let max_rate = match command_flag(&readme, "--max-rate", &readme_path) {
+        Ok(given) => given
+            .parse::<f64>()
+            .with_context(|| format!("{}: --max-rate `{given}`", readme_path.display()))?,
+        Err(_) => read_json::<FindMax>(&dir.join("find-max.json"))?.max_rate,
+    };
     let breakdown: Breakdown = read_json(&dir.join("breakdown.json"))?;
     let load = format!(
         "{:.0}% of max ({:.0} req/s), {delay_ms} ms upstream",
-        loadgen.requested_rate / find_max.max_rate * 100.0,
+        loadgen.requested_rate / max_rate * 100.0,
         loadgen.requested_rate
     );
     let (top, top_share) = breakdown

@@ -48,6 +48,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         record.extend(["--duration".to_owned(), duration.clone()]);
     }
     record.extend(args.rest.iter().cloned());
+    // The build above can outlast sudo's credential cache; `sudo -n` below never prompts.
+    runner.refresh()?;
     let (program, line) = runner.command_line(&tracer, &record);
     // Ctrl-C is the tracer's stop (it gets it from the terminal too): xtask stays to hand its
     // files back. A handler, unlike SIG_IGN, is not inherited across exec.

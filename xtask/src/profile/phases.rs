@@ -30,8 +30,8 @@ pub struct BandSamples {
 
 /// The phases in request order (pictures.json's map is keyed by name).
 const PHASES: [&str; 9] = [
-    "parse",
     "auth",
+    "parse",
     "scope",
     "ratelimit",
     "registry",
