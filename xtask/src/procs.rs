@@ -405,8 +405,17 @@ impl TracerProc {
 
     /// Sends the tracer `signal` (through sudo when it runs as root and xtask does not).
     pub fn signaller(&self) -> impl Fn(libc::c_int) -> anyhow::Result<()> + Send + 'static {
-        let (runner, pid) = (self.runner, self.pid);
-        move |signal| runner.kill(pid, signal)
+        let (runner, pid, sudo) = (self.runner, self.pid, self.proc.pid());
+        move |signal| {
+            runner.kill(pid, signal)?;
+            if signal == libc::SIGCONT && runner != Runner::Root {
+                // Without a terminal, sudo stops itself when its command stops; it runs with
+                // our real uid, so we may continue it, and it must run to reap the tracer.
+                // SAFETY: kill has no memory preconditions; `sudo` is our own child.
+                unsafe { libc::kill(sudo as libc::pid_t, libc::SIGCONT) };
+            }
+            Ok(())
+        }
     }
 
     /// SIGINT (the tracer's Ctrl-C: drain, detach, report), then waits for it to write its
