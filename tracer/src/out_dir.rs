@@ -84,6 +84,12 @@ impl OutDir {
     /// [`Self::open`] with the outputs handed to `owner` (if any) instead of sudo's user.
     pub fn open_for(path: &Path, overwrite: bool, owner: Option<Owner>) -> Result<OutDir> {
         let shown = path.display();
+        // Missing parents are made as `create_dir_all` would (the rules below are the last
+        // component's: the directory the outputs go in).
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
         let created = match mkdirat(CWD, path, Mode::from_raw_mode(0o755)) {
             Ok(()) => true,
             Err(Errno::EXIST) => false,
@@ -264,6 +270,14 @@ mod tests {
         let meta = std::fs::metadata(&dir).unwrap();
         assert_eq!(meta.permissions().mode() & 0o7777, 0o755);
         assert_eq!(std::fs::read(dir.join("breakdown.json")).unwrap(), b"{}");
+    }
+
+    #[test]
+    fn missing_parents_are_created_as_before() {
+        let (_temp, dir, _) = setup();
+        let nested = dir.join("runs").join("a");
+        open(&nested, false).unwrap().write("x", b"1").unwrap();
+        assert_eq!(std::fs::read(nested.join("x")).unwrap(), b"1");
     }
 
     #[test]

@@ -206,7 +206,12 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     for mode in &session.modes {
         say!("tracer: attach {mode}");
     }
-    if let Some(warning) = crate::attach::syscalls::fallback_warning(plan.syscalls) {
+    // A fallback only when detection chose kprobes for attached syscalls, not when asked for.
+    let syscalls_attached = !options.skip.contains(&crate::attach::Group::Syscalls);
+    if plan.choice == crate::attach::detect::Choice::Auto
+        && syscalls_attached
+        && let Some(warning) = crate::attach::syscalls::fallback_warning(plan.syscalls)
+    {
         say!("{warning}");
     }
     let mut stream = EventStream::new(
@@ -302,14 +307,14 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
 
     let detaching = Instant::now();
     sink.hooks.before_detach();
-    let recursion_misses = session.recursion_misses()?;
+    // Read before detach (the programs close with it); a failure costs this count only.
+    let recursion_misses = session.recursion_misses();
     let kretprobe_missed = session.kretprobe_missed();
     session.detach();
     let detach_s = detaching.elapsed().as_secs_f64();
     stream.finish(&mut sink)?;
     let outcomes = sink.rebuilder.finish(monotonic_ns());
     sink.write(outcomes)?;
-    drop(pidfd);
 
     let why = match reason {
         StopReason::Signal(signal) => format!("signal {signal}"),
@@ -368,10 +373,18 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     {
         say!("{warning}");
     }
-    if let Some(warning) =
-        crate::events::drops::add_recursion_misses(&mut drops_json, &recursion_misses)
-    {
-        say!("{warning}");
+    match &recursion_misses {
+        Ok(misses) => {
+            if let Some(warning) =
+                crate::events::drops::add_recursion_misses(&mut drops_json, misses)
+            {
+                say!("{warning}");
+            }
+        }
+        Err(err) => {
+            drops_json["recursion_misses"] = serde_json::Value::Null;
+            say!("tracer: WARNING the programs' recursion misses could not be read: {err:#}");
+        }
     }
     sink.writer.add_section("drops", drops_json);
     sink.writer.add_section(

@@ -667,6 +667,25 @@ fn item_6_duplicate_ids_are_incomplete_not_dropped() {
 }
 
 #[test]
+fn a_probe_id_standing_in_for_client_id_0_is_no_client_id() {
+    // Probe id 5 has no client id (x-request-id 0); probe id 6 carries client id 5. The two
+    // ids count apart, so neither is a duplicate of the other.
+    let mut s = Stream::new();
+    for (t0, req, client, fd) in [(0, 5, 0, 10), (2000, 6, 5, 11)] {
+        arrive(&mut s, t0 + 1000, 101, fd)
+            .client_request_begin(t0 + 1100, 101, req, fd, client)
+            .request_end(t0 + 1400, 101, req, 200)
+            .send(t0 + 1500, t0 + 1510, 101, fd, 100);
+    }
+    let out = s.rebuild();
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(
+        out.iter().all(|o| matches!(o, Outcome::Complete(_))),
+        "{out:?}"
+    );
+}
+
+#[test]
 fn still_open_at_finish_is_incomplete_in_id_order() {
     let mut s = Stream::new();
     for (req, fd) in [(9, 19), (7, 17)] {

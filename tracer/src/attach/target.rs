@@ -96,11 +96,6 @@ impl Target {
         })
     }
 
-    /// Whether the target has exited (its pidfd is readable).
-    pub fn exited(&self) -> bool {
-        exited(&self.pidfd)
-    }
-
     pub fn tids(&self) -> anyhow::Result<Vec<u32>> {
         let dir = format!("/proc/{}/task", self.pid);
         let mut tids = Vec::new();

@@ -361,7 +361,12 @@ impl Pictures {
     /// `wait_for`: also draw the wait-for view (the records carry their waits).
     /// `sample_hz`: the session's cpu-clock sampling rate.
     pub fn start(pid: u32, out_dir: &OutDir, wait_for: bool, sample_hz: u64) -> Result<Self> {
-        let session = FlameSession::create(out_dir)?.with_sample_hz(sample_hz);
+        let session = FlameSession::create(out_dir)?;
+        // No rate with sampling off: pictures.json turns samples into time with it.
+        let session = match sample_hz {
+            0 => session,
+            hz => session.with_sample_hz(hz),
+        };
         Ok(Pictures {
             session: if wait_for {
                 session.with_wait_for()

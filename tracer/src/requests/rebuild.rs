@@ -440,10 +440,7 @@ impl Rebuilder {
         let [a0, a1, a2] = ev.args;
         let (ts, tid) = (ev.ts_ns, ev.tid);
         match site {
-            Site::RequestBegin => {
-                let client_id = if a2 == 0 { a0 } else { a2 };
-                self.request_begin(ts, tid, a0, a1, client_id)
-            }
+            Site::RequestBegin => self.request_begin(ts, tid, a0, a1, a2),
             Site::RequestEnd => {
                 self.stop_polling(tid, a0);
                 let Some(r) = self.request(a0) else { return };
@@ -537,13 +534,19 @@ impl Rebuilder {
         }
     }
 
-    fn request_begin(&mut self, ts: u64, tid: u32, id: u64, fd: u64, client_id: u64) {
+    /// `client`: the client's id (0: none given, or an older gateway), reported in place of
+    /// the probe id `id`; only a given one is checked for repeats, since the two count apart.
+    fn request_begin(&mut self, ts: u64, tid: u32, id: u64, fd: u64, client: u64) {
         if self.open.contains_key(&id) {
             self.abandon(id, "duplicate request begin");
             return;
         }
-        let duplicate = self.finished.contains(id) || self.clients.contains(client_id);
-        self.clients.insert(client_id);
+        let client_id = if client == 0 { id } else { client };
+        let repeated_client = client != 0 && self.clients.contains(client);
+        if client != 0 {
+            self.clients.insert(client);
+        }
+        let duplicate = self.finished.contains(id) || repeated_client;
         if duplicate {
             // Held under its own probe id, so it replaces no other outcome; its later events
             // are ignored.
