@@ -87,8 +87,12 @@ impl OutDir {
         // Missing parents are made as `create_dir_all` would (the rules below are the last
         // component's: the directory the outputs go in).
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
+            std::fs::create_dir_all(parent).with_context(|| {
+                format!(
+                    "creating output directory {shown}: its parent {}",
+                    parent.display()
+                )
+            })?;
         }
         let created = match mkdirat(CWD, path, Mode::from_raw_mode(0o755)) {
             Ok(()) => true,
