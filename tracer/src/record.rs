@@ -207,9 +207,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         say!("tracer: attach {mode}");
     }
     // A fallback only when detection chose kprobes for attached syscalls, not when asked for.
-    let syscalls_attached = !options.skip.contains(&crate::attach::Group::Syscalls);
     if plan.choice == crate::attach::detect::Choice::Auto
-        && syscalls_attached
+        && options.attaches(crate::attach::Group::Syscalls)
         && let Some(warning) = crate::attach::syscalls::fallback_warning(plan.syscalls)
     {
         say!("{warning}");

@@ -93,7 +93,8 @@ impl Options {
         mode.join(" + ")
     }
 
-    fn attaches(&self, group: Group) -> bool {
+    /// Whether `group`'s hooks are attached (not left off with `--skip`).
+    pub fn attaches(&self, group: Group) -> bool {
         !self.skip.contains(&group)
     }
 }
