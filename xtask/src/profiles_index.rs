@@ -8,9 +8,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 
-use crate::workspace::root as workspace_root;
+use crate::workspace::{read_json, root as workspace_root};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -193,12 +192,6 @@ struct Run {
     /// Probe-site hits per request: none for a bench, which runs no tracer.
     site_hits: Option<f64>,
     headline: String,
-}
-
-fn read_json<T: DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
 fn ratio(x: f64) -> String {

@@ -1,4 +1,5 @@
-//! Where xtask's files live: the workspace root and the logs of its quiet steps.
+//! Where xtask's files live and how it reads them: the workspace root, the logs of its quiet
+//! steps, and a run's typed JSON files.
 
 use std::env;
 use std::fs::File;
@@ -38,4 +39,11 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
         .map(|line| format!("    {line}"))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// A JSON file of a run, read into its typed form; an error names the file.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }

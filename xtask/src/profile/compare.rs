@@ -4,11 +4,12 @@
 //! `wait.holders`), so a conclusion drawn from an earlier, costlier tracer can be checked.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::Path;
 
 use anyhow::Context as _;
 use serde::Deserialize;
+
+use crate::workspace::read_json;
 
 /// What a session says of its tail.
 #[derive(Debug, PartialEq)]
@@ -57,17 +58,11 @@ struct Held {
 /// The holder label of a task outside the gateway (`flame::wait`'s wording).
 const OTHER_PROCESS: &str = "other process";
 
-fn read<T: for<'de> Deserialize<'de>>(dir: &Path, name: &str) -> anyhow::Result<T> {
-    let path = dir.join(name);
-    let text = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_slice(&text).with_context(|| format!("reading {}", path.display()))
-}
-
 impl TailFacts {
     pub fn read(dir: &Path) -> anyhow::Result<Self> {
         Ok(Self::new(
-            read(dir, "breakdown.json")?,
-            read(dir, "pictures.json")?,
+            read_json(&dir.join("breakdown.json"))?,
+            read_json(&dir.join("pictures.json"))?,
         ))
     }
 
@@ -159,6 +154,7 @@ pub fn reading(now: &TailFacts, then: &TailFacts, link: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::fs;
 
     fn session(dir: &Path, shares: &[(&str, f64)], other_ns: u64) {
         let parts: serde_json::Map<String, serde_json::Value> = shares
