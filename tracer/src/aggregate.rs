@@ -2,12 +2,12 @@
 //! `overhead` (= total − upstream), with exact ns sums for means and exact maxima. Memory is
 //! fixed whatever the session length.
 //!
-//! Percentiles are HDR values ([`crate::stats`]), capped at the exact max.
+//! Percentiles are HDR values ([`session::stats`]), capped at the exact max.
 
 use std::collections::BTreeMap;
 
 use crate::requests::{Hits, Outcome, PARTS, Part, RequestRecord};
-use crate::stats::{Hist, Stats};
+use session::stats::{Hist, Stats};
 
 /// What a distribution is of: one part, or the request's total or overhead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

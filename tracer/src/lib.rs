@@ -21,6 +21,5 @@ pub mod out_dir;
 pub mod record;
 pub mod report;
 pub mod requests;
-pub mod stats;
 pub mod symbolize;
 pub mod validate;

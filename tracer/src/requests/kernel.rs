@@ -3,7 +3,7 @@
 //! run-queue delays as the thread histories replay them (preempted or woken → switched in).
 //! HDR histograms: bounded memory over any session, values within 0.1%.
 
-use crate::stats::Hist;
+use session::stats::Hist;
 
 /// What the model saw, over every event pushed into it.
 #[derive(Clone, Debug, Default)]

@@ -1,6 +1,9 @@
-//! One streaming distribution of ns values: an HDR histogram (3 significant digits, so within
-//! 0.1%) with the exact sum and maximum, for means and maxima. Memory is fixed whatever the
-//! session length. Percentiles are capped at the exact max.
+//! Distributions and percentiles, defined once.
+//!
+//! [`Hist`] is one streaming distribution of ns values: an HDR histogram (3 significant digits,
+//! so within 0.1%) with the exact sum and maximum, for means and maxima. Memory is fixed
+//! whatever the session length. Percentiles are capped at the exact max.
+//! [`nearest_rank`] is the exact percentile of a sorted slice, for the figures of recorded runs.
 
 use hdrhistogram::Histogram;
 
@@ -73,9 +76,28 @@ impl Hist {
     }
 }
 
+/// The nearest-rank percentile of an ascending slice, `permille` in 0..=1000: the smallest
+/// value with at least that share of values at or below it. `None` when empty.
+pub fn nearest_rank<T: Copy>(sorted: &[T], permille: usize) -> Option<T> {
+    let n = sorted.len();
+    // Integer ranks: `0.55 * 200` in floating point is 110.00000000000001.
+    (n > 0).then(|| sorted[(permille * n).div_ceil(1000).clamp(1, n) - 1])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nearest_rank_is_the_smallest_value_covering_the_share() {
+        let values: Vec<u64> = (1..=200).collect();
+        assert_eq!(nearest_rank(&values, 990), Some(198));
+        assert_eq!(nearest_rank(&values, 550), Some(110));
+        assert_eq!(nearest_rank(&values, 0), Some(1));
+        assert_eq!(nearest_rank(&values, 1000), Some(200));
+        assert_eq!(nearest_rank::<u64>(&[], 500), None);
+        assert_eq!(nearest_rank(&[-3i64, 5], 500), Some(-3));
+    }
 
     #[test]
     fn an_empty_distribution_is_all_zeros_and_percentiles_stop_at_the_max() {
