@@ -130,8 +130,7 @@ fn stdout_of(command: &mut Command) -> String {
 }
 
 fn is_root() -> bool {
-    // SAFETY: no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 /// `program` from PATH, installed from Debian's `package` when missing, as on a new machine.

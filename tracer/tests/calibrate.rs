@@ -9,8 +9,7 @@ use tracer::{
 };
 
 fn is_root() -> bool {
-    // SAFETY: no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 fn kinds(calibration: &Calibration) -> [(&'static str, &KindCost); 4] {

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail, ensure};
+use rustix::process::{self, Pid, Signal};
 
 /// How the privileged step runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,15 +28,12 @@ pub enum Runner {
 
 impl Runner {
     pub fn detect() -> Runner {
-        // SAFETY: geteuid, getuid and getgid have no preconditions and cannot fail.
-        unsafe {
-            if libc::geteuid() == 0 {
-                Runner::Root
-            } else {
-                Runner::Sudo {
-                    uid: libc::getuid(),
-                    gid: libc::getgid(),
-                }
+        if process::geteuid().is_root() {
+            Runner::Root
+        } else {
+            Runner::Sudo {
+                uid: process::getuid().as_raw(),
+                gid: process::getgid().as_raw(),
             }
         }
     }
@@ -94,25 +92,27 @@ impl Runner {
     }
 
     /// Sends `signal` to `pid`, a process that runs with root under this runner.
-    pub fn kill(self, pid: u32, signal: libc::c_int) -> anyhow::Result<()> {
+    pub fn kill(self, pid: u32, signal: Signal) -> anyhow::Result<()> {
         match self {
             Runner::Root => {
-                // SAFETY: kill has no memory preconditions; the caller names its own tracer.
-                if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
-                    return Err(std::io::Error::last_os_error())
-                        .with_context(|| format!("signalling pid {pid}"));
-                }
-                Ok(())
+                let target = i32::try_from(pid)
+                    .ok()
+                    .and_then(Pid::from_raw)
+                    .with_context(|| format!("{pid} is no pid"))?;
+                process::kill_process(target, signal)
+                    .with_context(|| format!("signalling pid {pid}"))
             }
             Runner::Sudo { .. } => {
                 let status = Command::new("sudo")
-                    .args(["-n", "kill", "-s", &signal.to_string(), &pid.to_string()])
+                    .args(["-n", "kill", "-s", &signal.as_raw().to_string()])
+                    .arg(pid.to_string())
                     .stdin(Stdio::null())
                     .status()
                     .context("running sudo kill")?;
                 ensure!(
                     status.success(),
-                    "sudo kill {signal} {pid} failed ({status})"
+                    "sudo kill {} {pid} failed ({status})",
+                    signal.as_raw()
                 );
                 Ok(())
             }
@@ -303,7 +303,7 @@ mod tests {
     #[test]
     fn a_user_runs_only_the_tracer_as_root() {
         // SAFETY: no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !process::geteuid().is_root() {
             eprintln!("SKIPPED a_user_runs_only_the_tracer_as_root: needs root (useradd)");
             return;
         }
@@ -450,7 +450,7 @@ mod tests {
         };
         assert_ne!(found, child.id());
         assert_eq!(descendant_named(child.id(), "no-such-name"), None);
-        Runner::Root.kill(found, libc::SIGKILL).unwrap();
+        Runner::Root.kill(found, Signal::KILL).unwrap();
         let _ = child.kill();
         let _ = child.wait();
     }

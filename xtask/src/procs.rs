@@ -2,16 +2,15 @@
 //! CPUs with `taskset`, readiness checks, and kill-and-reap on drop so an error (or a dying
 //! xtask: see `PR_SET_PDEATHSIG` below) never leaves a gateway or upstream running.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
+use rustix::process::{Pid, Signal, kill_process};
 
 use crate::privilege::Runner;
 
@@ -134,86 +133,40 @@ impl Binaries {
     }
 }
 
-/// A child process, killed and reaped when dropped. Its stderr (and stdout unless read) go to
-/// `log`, quoted when something fails.
+/// A child process, killed and reaped when dropped (a [`testproc::Proc`]). Its stdout and
+/// stderr go to `log_dir/NAME.log`, quoted when something fails.
 pub struct Proc {
     pub name: String,
-    /// The `taskset -c` list it was started with, if any.
+    /// The CPU list it was pinned to, if any.
     pub cpus: Option<String>,
-    child: Child,
-    log: PathBuf,
+    inner: testproc::Proc,
 }
 
 impl Proc {
-    /// Starts `program args` under `taskset -c cpus` when `cpus` is given. The child gets
-    /// SIGKILL if xtask dies first.
+    /// Starts `program args`, on the CPUs of `cpus` when given. The child gets SIGKILL if xtask
+    /// dies first.
     pub fn spawn(
         name: &str,
         cpus: Option<&str>,
         program: &Path,
         args: &[String],
         log_dir: &Path,
-        pipe_stdout: bool,
     ) -> anyhow::Result<Proc> {
-        let log = log_dir.join(format!("{name}.log"));
-        let log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut command = match cpus {
-            Some(cpus) => {
-                let mut command = Command::new("taskset");
-                command.args(["-c", cpus]).arg(program);
-                command
-            }
-            None => Command::new(program),
-        };
-        command
+        let inner = testproc::Spawn::new(name, program)
             .args(args)
-            .stdin(Stdio::null())
-            .stderr(log_file.try_clone()?);
-        if pipe_stdout {
-            command.stdout(Stdio::piped());
-        } else {
-            command.stdout(log_file);
-        }
-        // SAFETY: prctl and signal are async-signal-safe; the closure touches no memory of the
-        // parent. taskset execs the program in the same process, which keeps the death signal
-        // and the dispositions.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // Children are stopped with SIGINT / SIGTERM. An xtask started in the
-                // background (`cmd &`) inherits SIGINT ignored, a launcher may ignore SIGTERM,
-                // and exec passes that on: a child without its own handler could not be
-                // stopped.
-                for signal in [libc::SIGINT, libc::SIGTERM] {
-                    if libc::signal(signal, libc::SIG_DFL) == libc::SIG_ERR {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
-        let child = command
-            .spawn()
-            .with_context(|| format!("starting {name} ({})", program.display()))?;
+            .cpus(cpus)
+            .log(log_dir.join(format!("{name}.log")))
+            .grace(STOP_GRACE)
+            .start()?;
         Ok(Proc {
             name: name.to_owned(),
             cpus: cpus.map(str::to_owned),
-            child,
-            log,
+            inner,
         })
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.inner.pid()
     }
 
     /// The CPUs the kernel lets it run on (`Cpus_allowed_list`), to record the pinning as
@@ -222,62 +175,19 @@ impl Proc {
         cpus_allowed(self.pid())
     }
 
-    /// Waits for the first stdout line starting with `listening on ` and returns the address.
-    /// The rest of stdout keeps draining into nothing, so the child never blocks on a pipe.
+    /// Waits for its first line starting with `listening on ` and returns the address.
     fn wait_listening(&mut self) -> anyhow::Result<String> {
-        let stdout = self.child.stdout.take().context("stdout was not piped")?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let mut sent = false;
-            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
-                if !sent && let Some(addr) = line.trim().strip_prefix("listening on ") {
-                    let _ = tx.send(addr.to_owned());
-                    sent = true;
-                }
-                line.clear();
-            }
-        });
-        match rx.recv_timeout(READY_TIMEOUT) {
-            Ok(addr) => Ok(addr),
-            Err(_) => bail!(
-                "{} did not print `listening on ADDR` within {READY_TIMEOUT:?}{}",
-                self.name,
-                self.log_tail()
-            ),
-        }
+        self.inner.wait_for_prefix("listening on ", READY_TIMEOUT)
     }
 
     /// Waits for it to exit; kills it past `timeout`.
     pub fn wait_timeout(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                bail!(
-                    "{} still running after {timeout:?}; killed{}",
-                    self.name,
-                    self.log_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.inner.wait_timeout(timeout)
     }
 
     /// SIGTERM, then SIGKILL after a grace period; reaps it either way.
     pub fn stop(&mut self) -> anyhow::Result<()> {
-        if self.child.try_wait()?.is_some() {
-            return Ok(());
-        }
-        // SAFETY: sending a signal to our own child's pid; it is not reaped yet, so the pid is
-        // still ours.
-        unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGTERM) };
-        if self.wait_timeout(STOP_GRACE).is_err() {
+        if self.inner.stop()?.1 == testproc::Stopped::Killed {
             eprintln!(
                 "xtask: {} ignored SIGTERM for {STOP_GRACE:?}; killed",
                 self.name
@@ -286,28 +196,16 @@ impl Proc {
         Ok(())
     }
 
-    /// The end of its log, for error messages.
+    /// The end of its output, for error messages.
     pub fn log_tail(&self) -> String {
-        let tail = crate::workspace::log_tail(&self.log, 15);
-        if tail.is_empty() {
-            String::new()
-        } else {
-            format!("\n  {} ({}):\n{tail}", self.name, self.log.display())
-        }
+        self.inner.tail()
     }
 
     fn ensure_running(&mut self) -> anyhow::Result<()> {
-        if let Some(status) = self.child.try_wait()? {
+        if let Some(status) = self.inner.try_wait()? {
             bail!("{} exited ({status}){}", self.name, self.log_tail());
         }
         Ok(())
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -357,39 +255,41 @@ pub fn start_tracer(
         .iter()
         .map(|arg| arg.to_string_lossy().into_owned())
         .collect();
-    let mut proc = Proc::spawn("tracer", cpus, &program, &line, log_dir, false)?;
+    let mut proc = Proc::spawn("tracer", cpus, &program, &line, log_dir)?;
     let out = args
         .iter()
         .position(|arg| arg == "--out")
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from);
-    let deadline = Instant::now() + TRACER_READY_TIMEOUT;
-    loop {
-        if fs::read_to_string(&proc.log).is_ok_and(|text| text.contains(TRACER_READY)) {
-            let pid = tracer_pid(&proc)
-                .with_context(|| format!("no tracer process under sudo ({})", proc.pid()))?;
-            return Ok(TracerProc {
-                proc,
-                pid,
-                runner,
-                out,
-            });
-        }
-        if proc.child.try_wait()?.is_some() {
-            bail!("the tracer exited before attaching{}", proc.log_tail());
-        }
-        if Instant::now() >= deadline {
-            // Killing sudo (on drop) would leave a root tracer behind.
-            if let Some(pid) = tracer_pid(&proc) {
-                let _ = runner.kill(pid, libc::SIGKILL);
-            }
+    let attached = proc
+        .inner
+        .wait_for("its ready line", TRACER_READY_TIMEOUT, |line| {
+            line.contains(TRACER_READY).then_some(())
+        });
+    if attached.is_err() {
+        if let Some(status) = proc.inner.try_wait()? {
             bail!(
-                "the tracer did not attach within {TRACER_READY_TIMEOUT:?}{}",
+                "the tracer exited before attaching ({status}){}",
                 proc.log_tail()
             );
         }
-        std::thread::sleep(Duration::from_millis(100));
+        // Killing sudo (on drop) would leave a root tracer behind.
+        if let Some(pid) = tracer_pid(&proc) {
+            let _ = runner.kill(pid, Signal::KILL);
+        }
+        bail!(
+            "the tracer did not attach within {TRACER_READY_TIMEOUT:?}{}",
+            proc.log_tail()
+        );
     }
+    let pid = tracer_pid(&proc)
+        .with_context(|| format!("no tracer process under sudo ({})", proc.pid()))?;
+    Ok(TracerProc {
+        proc,
+        pid,
+        runner,
+        out,
+    })
 }
 
 impl TracerProc {
@@ -406,13 +306,16 @@ impl TracerProc {
     /// Sends the tracer `signal` (through sudo when it runs as root and xtask does not).
     pub fn signaller(&self) -> impl Fn(libc::c_int) -> anyhow::Result<()> + Send + 'static {
         let (runner, pid, sudo) = (self.runner, self.pid, self.proc.pid());
-        move |signal| {
+        move |number| {
+            let signal = Signal::from_named_raw(number)
+                .with_context(|| format!("no signal numbered {number}"))?;
             runner.kill(pid, signal)?;
-            if signal == libc::SIGCONT && runner != Runner::Root {
+            if signal == Signal::CONT && runner != Runner::Root {
                 // Without a terminal, sudo stops itself when its command stops; it runs with
                 // our real uid, so we may continue it, and it must run to reap the tracer.
-                // SAFETY: kill has no memory preconditions; `sudo` is our own child.
-                unsafe { libc::kill(sudo as libc::pid_t, libc::SIGCONT) };
+                if let Some(sudo) = Pid::from_raw(sudo as i32) {
+                    let _ = kill_process(sudo, Signal::CONT);
+                }
             }
             Ok(())
         }
@@ -423,7 +326,7 @@ impl TracerProc {
     pub fn stop(&mut self) -> anyhow::Result<()> {
         // A long session can outlast sudo's credential cache; `sudo -n kill` needs it.
         self.runner.refresh()?;
-        let signalled = self.runner.kill(self.pid, libc::SIGINT);
+        let signalled = self.runner.kill(self.pid, Signal::INT);
         let waited = match &signalled {
             Ok(()) => self.proc.wait_timeout(TRACER_FINISH_TIMEOUT),
             // Already gone (its target exited, say): its exit status tells how it went.
@@ -431,7 +334,7 @@ impl TracerProc {
         };
         if waited.is_err() && self.runner != Runner::Root && process_exists(self.pid) {
             // The wait killed sudo on its way out, which does not reach the root tracer.
-            let _ = self.runner.kill(self.pid, libc::SIGKILL);
+            let _ = self.runner.kill(self.pid, Signal::KILL);
         }
         let status = match (signalled, waited) {
             (_, Ok(status)) => status,
@@ -460,7 +363,7 @@ impl Drop for TracerProc {
         // SIGKILL to sudo would not reach the tracer, and sudo may be gone already: kill the
         // tracer itself while it runs.
         if self.runner != Runner::Root && process_exists(self.pid) {
-            let _ = self.runner.kill(self.pid, libc::SIGKILL);
+            let _ = self.runner.kill(self.pid, Signal::KILL);
         }
     }
 }
@@ -485,7 +388,7 @@ pub fn start_mock_upstream(
     ]
     .map(String::from);
     let name = format!("mock-upstream-{delay_ms}ms");
-    let mut proc = Proc::spawn(&name, cpus, &bins.mock_upstream, &args, log_dir, true)?;
+    let mut proc = Proc::spawn(&name, cpus, &bins.mock_upstream, &args, log_dir)?;
     let addr = proc.wait_listening()?;
     Ok(MockUpstream {
         proc,
@@ -515,7 +418,7 @@ pub fn start_gateway(
         "--workers".to_owned(),
         workers.to_string(),
     ];
-    let mut proc = Proc::spawn("gateway", cpus, &bins.gateway, &args, log_dir, true)?;
+    let mut proc = Proc::spawn("gateway", cpus, &bins.gateway, &args, log_dir)?;
     let addr = proc.wait_listening()?;
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
@@ -586,7 +489,7 @@ pub fn run_loadgen(
 ) -> anyhow::Result<()> {
     let mut args = args.to_vec();
     args.push("--quiet".to_owned());
-    let mut proc = Proc::spawn("loadgen", cpus, &bins.loadgen, &args, log_dir, false)?;
+    let mut proc = Proc::spawn("loadgen", cpus, &bins.loadgen, &args, log_dir)?;
     let status = proc.wait_timeout(timeout)?;
     ensure!(
         status.success(),
@@ -599,18 +502,12 @@ pub fn run_loadgen(
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     fn sleeper(cpus: Option<&str>, dir: &Path) -> Proc {
-        Proc::spawn(
-            "sleep",
-            cpus,
-            Path::new("sleep"),
-            &["30".to_owned()],
-            dir,
-            false,
-        )
-        .unwrap()
+        Proc::spawn("sleep", cpus, Path::new("sleep"), &["30".to_owned()], dir).unwrap()
     }
 
     #[test]
@@ -659,19 +556,9 @@ mod tests {
     }
 
     #[test]
-    fn taskset_pinning_is_applied_and_read_back() {
+    fn pinning_is_applied_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let proc = sleeper(Some("0"), dir.path());
-        // taskset sets the mask, then execs sleep in the same process.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::fs::read_to_string(format!("/proc/{}/comm", proc.pid()))
-            .unwrap_or_default()
-            .trim()
-            != "sleep"
-        {
-            assert!(Instant::now() < deadline, "taskset never exec'd sleep");
-            std::thread::sleep(Duration::from_millis(10));
-        }
         assert_eq!(proc.cpus_allowed().unwrap(), "0");
     }
 

@@ -37,8 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             failures.push("bench --quick");
         }
     }
-    // SAFETY: no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     if args.no_vm {
         eprintln!("SKIPPED vmtest: --no-vm");
     } else if !root {

@@ -55,9 +55,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--attach {mode}: expected auto, tracepoint, kprobe or fentry"
         );
     }
-    // SAFETY: no preconditions.
     ensure!(
-        unsafe { libc::geteuid() } == 0,
+        rustix::process::geteuid().is_root(),
         "vmtest needs root (apt-get, and virtiofsd sharing /)"
     );
     setup::ensure()?;

@@ -31,8 +31,7 @@ const WAIT_SVG: &str = "tail-wait.svg";
 const GATEWAY_FRAME: &str = "gateway::";
 
 fn is_root() -> bool {
-    // SAFETY: no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 /// inferno's SVGs carry a DOCTYPE, which roxmltree refuses unless allowed.

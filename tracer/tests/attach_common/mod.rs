@@ -30,8 +30,7 @@ use gateway::probe::{
 pub const FIXTURE_ENV: &str = "TRACER_FIXTURE_SECS";
 
 pub fn is_root() -> bool {
-    // SAFETY: no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 /// Prints why and returns false when the test cannot run here.
