@@ -45,8 +45,7 @@ fn kill_9_midway_loses_no_acknowledged_receipt() {
     while answered.load(Ordering::Relaxed) < total / 3 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(2));
     }
-    server.child.kill().expect("kill -9");
-    server.child.wait().expect("reap");
+    server.proc.kill().expect("kill -9");
     for client in clients {
         client.join().expect("client thread");
     }

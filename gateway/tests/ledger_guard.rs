@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::{Demo, Proc, act, gateway_cli, gateway_serve_logged, wait_exit};
@@ -22,19 +22,20 @@ fn item_17_second_gateway_on_one_ledger_refuses_to_start() {
     );
 
     let log = demo.dir.path().join("second.log");
-    let child = common::gateway_serve_command(&demo.db, &[])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("spawning the second gateway");
     let mut second = Proc {
-        child,
+        proc: common::start(
+            testproc::Spawn::command(
+                "second gateway",
+                common::gateway_serve_command(&demo.db, &[]),
+            )
+            .log(&log),
+        ),
         addr: String::new(),
     };
     let status = wait_exit(&mut second, Duration::from_secs(20));
     assert!(!status.success(), "the second gateway exited with {status}");
     let err = std::fs::read_to_string(&log).expect("second log");
-    let holder = format!("pid {}", first.child.id());
+    let holder = format!("pid {}", first.proc.pid());
     assert!(
         err.contains("already served by another gateway") && err.contains(&holder),
         "the error does not name the holder ({holder}): {err}"

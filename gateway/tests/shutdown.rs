@@ -10,9 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Demo, spawn_listening, try_act, wait_exit, without_receipt};
-use nix::sys::signal::{Signal, kill};
-use nix::sys::socket::{setsockopt, sockopt};
-use nix::unistd::Pid;
+use rustix::net::sockopt::set_socket_linger;
+use testproc::Signal;
 
 const CLIENTS: u64 = 8;
 const RESETTERS: u64 = 4;
@@ -39,14 +38,7 @@ fn act_and_reset(addr: &str, key: &str, id: u64) {
     }
     std::thread::sleep(Duration::from_millis(100));
     // Linger 0: close sends RST, not FIN.
-    let _ = setsockopt(
-        &stream,
-        sockopt::Linger,
-        &libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        },
-    );
+    let _ = set_socket_linger(&stream, Some(Duration::ZERO));
 }
 
 #[test]
@@ -99,7 +91,7 @@ fn item_14_sigterm_and_client_resets_leave_no_action_without_receipt() {
         assert!(Instant::now() < deadline, "too few answers before SIGTERM");
         std::thread::sleep(Duration::from_millis(5));
     }
-    kill(Pid::from_raw(server.child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+    server.proc.signal(Signal::TERM).expect("SIGTERM");
     let status = wait_exit(&mut server, Duration::from_secs(30));
     stop.store(true, Ordering::Relaxed);
     for client in clients {

@@ -6,11 +6,10 @@ mod common;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{Demo, spawn_command, try_act_within};
-use nix::sys::resource::{Resource, setrlimit};
+use common::{Demo, spawn_command_logged, try_act_within};
+use rustix::process::{Resource, Rlimit, setrlimit};
 
 const OK_BODY: &str =
     r#"{"service":"demo","action":"echo","on_behalf_of":"user-1","params":{"n":1}}"#;
@@ -23,14 +22,17 @@ fn item_13_slowloris_under_ulimit_1024_is_bounded() {
     let demo = Demo::new();
     let log = demo.dir.path().join("gateway.log");
     let mut command = common::gateway_serve_command(&demo.db, &["--header-timeout-ms", "1000"]);
-    command.stderr(Stdio::from(std::fs::File::create(&log).expect("log")));
     // SAFETY: setrlimit is async-signal-safe and touches only the child.
     unsafe {
         command.pre_exec(|| {
-            setrlimit(Resource::RLIMIT_NOFILE, 1024, 1024).map_err(std::io::Error::from)
+            let limit = Rlimit {
+                current: Some(1024),
+                maximum: Some(1024),
+            };
+            Ok(setrlimit(Resource::Nofile, limit)?)
         });
     }
-    let mut server = spawn_command(command);
+    let mut server = spawn_command_logged(command, &log);
 
     // Connections the gateway refuses outright are fine; what it accepts must not starve it.
     let addr: std::net::SocketAddr = server.addr.parse().expect("address");
@@ -85,7 +87,7 @@ fn item_13_slowloris_under_ulimit_1024_is_bounded() {
         started.elapsed()
     );
     assert!(
-        server.child.try_wait().expect("try_wait").is_none(),
+        server.proc.try_wait().expect("try_wait").is_none(),
         "the gateway exited"
     );
     drop(server);

@@ -6,61 +6,59 @@
     reason = "each test binary uses a different subset of the helpers"
 )]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
-/// A child process killed (SIGKILL) and reaped on drop, so a failing test leaves nothing behind.
-pub struct Proc {
-    pub child: Child,
-    pub addr: String,
-}
+/// How long a server may take to print `listening on ADDR`.
+const READY: Duration = Duration::from_secs(20);
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A started binary and the address it listens on. The process is a [`testproc::Proc`]:
+/// stopped (SIGTERM, then SIGKILL) and reaped on drop, so a failing test leaves nothing behind;
+/// its output is kept and quoted when it fails to start.
+pub struct Proc {
+    pub proc: testproc::Proc,
+    pub addr: String,
 }
 
 /// Starts `bin args...` and waits (bounded) for its `listening on ADDR` line.
 pub fn spawn_listening(bin: &str, args: &[&str]) -> Proc {
     let mut command = Command::new(bin);
-    command.args(args).stderr(Stdio::inherit());
+    command.args(args);
     spawn_command(command)
 }
 
-/// Starts `command` (stdout is taken over here) and waits (bounded) for `listening on ADDR`.
-pub fn spawn_command(mut command: Command) -> Proc {
-    let bin = command.get_program().to_string_lossy().into_owned();
-    let mut child = command
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning {bin}: {e}"));
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        while let Some(Ok(line)) = lines.next() {
-            if let Some(addr) = line.strip_prefix("listening on ") {
-                let _ = tx.send(addr.to_owned());
-                break;
-            }
-        }
-        // Keep draining so the child never blocks on a full pipe.
-        for _ in lines {}
-    });
-    let addr = match rx.recv_timeout(Duration::from_secs(20)) {
-        Ok(addr) => addr,
-        Err(_) => {
-            let _ = child.kill();
-            panic!("{bin} did not print `listening on` within 20 s");
-        }
-    };
-    Proc { child, addr }
+/// Starts `command` (its stdout and stderr are read here) and waits (bounded) for
+/// `listening on ADDR`.
+pub fn spawn_command(command: Command) -> Proc {
+    listening(start(testproc::Spawn::command(name_of(&command), command)))
+}
+
+/// Like [`spawn_command`], with stdout and stderr also written to `log` for the test to read.
+pub fn spawn_command_logged(command: Command, log: &Path) -> Proc {
+    listening(start(
+        testproc::Spawn::command(name_of(&command), command).log(log),
+    ))
+}
+
+fn name_of(command: &Command) -> String {
+    Path::new(command.get_program())
+        .file_name()
+        .map_or_else(String::new, |name| name.to_string_lossy().into_owned())
+}
+
+/// Starts `spawn`, panicking with why it could not.
+pub fn start(spawn: testproc::Spawn) -> testproc::Proc {
+    spawn.start().unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn listening(mut proc: testproc::Proc) -> Proc {
+    let addr = proc
+        .wait_for_prefix("listening on ", READY)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    Proc { proc, addr }
 }
 
 pub fn mock_upstream(delay_ms: u64) -> Proc {
@@ -85,9 +83,7 @@ pub fn gateway_cli(args: &[&str]) -> (i32, String, String) {
 }
 
 pub fn gateway_serve(db: &Path, extra: &[&str]) -> Proc {
-    let mut command = gateway_serve_command(db, extra);
-    command.stderr(Stdio::inherit());
-    spawn_command(command)
+    spawn_command(gateway_serve_command(db, extra))
 }
 
 /// `gateway serve --db DB --listen 127.0.0.1:0 extra...`, not started yet.
@@ -100,26 +96,16 @@ pub fn gateway_serve_command(db: &Path, extra: &[&str]) -> Command {
     command
 }
 
-/// Like [`gateway_serve`], with stderr going to `log` for the test to read.
+/// Like [`gateway_serve`], with its output also going to `log` for the test to read.
 pub fn gateway_serve_logged(db: &Path, extra: &[&str], log: &Path) -> Proc {
-    let mut command = gateway_serve_command(db, extra);
-    command.stderr(std::fs::File::create(log).expect("creating the gateway log"));
-    spawn_command(command)
+    spawn_command_logged(gateway_serve_command(db, extra), log)
 }
 
-/// Waits (bounded) for the process to exit by itself; its exit status.
+/// Waits (bounded) for the process to exit by itself, and for its output; its exit status.
 pub fn wait_exit(proc: &mut Proc, within: Duration) -> std::process::ExitStatus {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        if let Some(status) = proc.child.try_wait().expect("try_wait") {
-            return status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the process did not exit within {within:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    proc.proc
+        .wait_timeout(within)
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 pub struct Reply {
