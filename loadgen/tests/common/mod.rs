@@ -1,10 +1,10 @@
 //! Shared by the loopback tests: the mock-upstream binary, run as a child process, and the
 //! loadgen binary under test.
 
-use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// Builds `mock-upstream` once per test binary, into the target dir this test runs from (so
 /// no second copy of the gateway's dependencies is compiled), or takes `MOCK_UPSTREAM_BIN`.
@@ -52,40 +52,25 @@ pub fn mock_upstream_bin() -> PathBuf {
     .clone()
 }
 
-/// A running mock-upstream, killed when dropped.
+/// A running mock-upstream, stopped and reaped when dropped (a [`testproc::Proc`]).
 pub struct MockUpstream {
-    child: Child,
+    _proc: testproc::Proc,
     pub url: String,
 }
 
 impl MockUpstream {
     pub fn start() -> Self {
-        let mut child = Command::new(mock_upstream_bin())
+        let mut proc = testproc::Spawn::new("mock-upstream", mock_upstream_bin())
             .args(["--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting mock-upstream");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("reading mock-upstream stdout");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from mock-upstream: {line:?}"))
-            .to_owned();
+            .start()
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let addr = proc
+            .wait_for_prefix("listening on ", Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("{e:#}"));
         MockUpstream {
-            child,
+            _proc: proc,
             url: format!("http://{addr}"),
         }
-    }
-}
-
-impl Drop for MockUpstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
