@@ -9,22 +9,13 @@
 mod attach_common;
 
 use std::fs;
-use std::io::{BufRead as _, BufReader};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
+use testproc::{Proc, Signal, Spawn};
 use tracer::validate::accuracy::{self, Accuracy};
-
-/// A child killed and reaped on drop, so a failing assertion leaves nothing running.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Bins {
     gateway: PathBuf,
@@ -62,75 +53,44 @@ fn build() -> Bins {
     }
 }
 
+/// Starts `spawn` (stopped and reaped on drop, so a failing assertion leaves nothing
+/// running), panicking with why it could not.
+fn start(spawn: Spawn) -> Proc {
+    spawn.start().unwrap_or_else(|e| panic!("{e:#}"))
+}
+
 /// Starts a server that prints `listening on ADDR`; returns it and the address.
-fn serve(command: &mut Command) -> (Running, String) {
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting a server");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let running = Running(child);
-    let mut lines = BufReader::new(stdout).lines();
-    let addr = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|l| l.strip_prefix("listening on ").map(str::to_owned))
-        .expect("server printed no `listening on ADDR`");
-    // Keep draining so the server never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    (running, addr)
+fn serve(name: &str, command: Command) -> (Proc, String) {
+    let mut server = start(Spawn::command(name, command));
+    let addr = server
+        .wait_for_prefix("listening on ", Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    (server, addr)
 }
 
 /// `tracer record` with `extra` flags, once its programs are attached.
-fn attach(pid: u32, out: &Path, extra: &[&str]) -> Running {
-    let log = fs::File::create(out.with_extension("log")).unwrap();
-    let child = attach_common::tracer()
-        .args(["record", "--pid", &pid.to_string(), "--out"])
-        .arg(out)
-        .args(["--sample-hz", "99"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("starting the tracer");
-    let tracer = Running(child);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !fs::read_to_string(out.with_extension("log"))
-        .unwrap_or_default()
-        .contains("tracer: program ids")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the tracer did not attach: {}",
-            fs::read_to_string(out.with_extension("log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
+fn attach(pid: u32, out: &Path, extra: &[&str]) -> Proc {
+    let mut tracer = start(
+        Spawn::command("tracer", attach_common::tracer())
+            .args(["record", "--pid", &pid.to_string(), "--out"])
+            .arg(out)
+            .args(["--sample-hz", "99"])
+            .args(extra)
+            .log(out.with_extension("log")),
+    );
+    if let Err(err) = tracer.wait_for_prefix("tracer: program ids ", Duration::from_secs(60)) {
+        panic!("the tracer did not attach: {err:#}");
     }
     tracer
 }
 
-fn signal(child: &Running, sig: libc::c_int) {
-    // SAFETY: our own child, not reaped yet.
-    unsafe { libc::kill(child.0.id() as libc::pid_t, sig) };
-}
-
 /// SIGINT, then wait for the tracer to write its files; returns breakdown.json.
-fn stop(mut tracer: Running, out: &Path) -> serde_json::Value {
-    signal(&tracer, libc::SIGINT);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(status) = tracer.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the tracer did not stop");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(
-        status.success(),
-        "tracer failed: {}",
-        fs::read_to_string(out.with_extension("log")).unwrap_or_default()
-    );
+fn stop(mut tracer: Proc, out: &Path) -> serde_json::Value {
+    tracer.signal(Signal::INT).unwrap();
+    let status = tracer
+        .wait_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("the tracer did not stop: {e:#}"));
+    assert!(status.success(), "tracer failed:{}", tracer.tail());
     serde_json::from_str(&fs::read_to_string(out.join("breakdown.json")).unwrap()).unwrap()
 }
 
@@ -180,8 +140,9 @@ fn client_and_tracer_agree_and_loss_is_never_attributed() {
     }
     let bins = build();
     let dir = tempfile::tempdir().unwrap();
-    let (_mock, mock_addr) =
-        serve(Command::new(&bins.mock_upstream).args(["--listen", "127.0.0.1:0"]));
+    let mut mock = Command::new(&bins.mock_upstream);
+    mock.args(["--listen", "127.0.0.1:0"]);
+    let (_mock, mock_addr) = serve("mock-upstream", mock);
     let db = dir.path().join("ledger.db");
     let init = Command::new(&bins.gateway)
         .args([
@@ -199,13 +160,13 @@ fn client_and_tracer_agree_and_loss_is_never_attributed() {
         .lines()
         .find_map(|l| l.trim().strip_prefix("api_key=").map(str::to_owned))
         .expect("api_key= line");
-    let (gateway, addr) = serve(
-        Command::new(&bins.gateway)
-            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1", "--db"])
-            .arg(&db),
-    );
+    let mut gateway = Command::new(&bins.gateway);
+    gateway
+        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1", "--db"])
+        .arg(&db);
+    let (gateway, addr) = serve("gateway", gateway);
     let url = format!("http://{addr}");
-    let pid = gateway.0.id();
+    let pid = gateway.pid();
 
     // A small open loop, traced.
     let out = dir.path().join("small");
@@ -229,14 +190,18 @@ fn client_and_tracer_agree_and_loss_is_never_attributed() {
 
     // Forced loss: a 1 MiB ring, and the reader stopped for 2 s mid-run.
     let out = dir.path().join("forced");
-    let tracer = attach(pid, &out, &["--ring-mib", "1"]);
+    let mut tracer = attach(pid, &out, &["--ring-mib", "1"]);
     let csv = dir.path().join("forced-client.csv");
-    let mut load = Running(loadgen(&bins, &url, &key, 1000, 5, &csv).spawn().unwrap());
+    let mut load = start(Spawn::command(
+        "loadgen",
+        loadgen(&bins, &url, &key, 1000, 5, &csv),
+    ));
     std::thread::sleep(Duration::from_secs(1));
-    signal(&tracer, libc::SIGSTOP);
+    tracer.signal(Signal::STOP).unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    signal(&tracer, libc::SIGCONT);
-    assert!(load.0.wait().unwrap().success(), "loadgen failed");
+    tracer.signal(Signal::CONT).unwrap();
+    let status = load.wait().unwrap();
+    assert!(status.success(), "loadgen failed ({status}){}", load.tail());
     let breakdown = stop(tracer, &out);
     assert!(
         breakdown["lost_events"].as_u64().unwrap() > 0,

@@ -35,10 +35,12 @@ fn binary_without_probe_sites_names_them() {
     if !require_root("binary_without_probe_sites_names_them") {
         return;
     }
-    let mut sleep = Command::new("sleep").arg("30").spawn().unwrap();
-    let stderr = stderr_of(&["record", "--pid", &sleep.id().to_string()]);
-    sleep.kill().unwrap();
-    sleep.wait().unwrap();
+    let sleep = testproc::Spawn::new("sleep", "sleep")
+        .arg("30")
+        .start()
+        .unwrap();
+    let stderr = stderr_of(&["record", "--pid", &sleep.pid().to_string()]);
+    drop(sleep);
     let n = tracer_ebpf::sites::Site::ALL.len();
     assert!(
         stderr.contains(&format!("lacks {n} of {n} probe sites")),

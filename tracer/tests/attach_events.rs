@@ -68,12 +68,12 @@ fn stops_when_the_target_exits() {
     // Lives long enough for any machine to attach; killed once traced for a moment.
     let mut fixture = spawn_fixture(&me, 600.0);
     let out = tempfile::tempdir().unwrap();
-    let pid = fixture.id().to_string();
-    let tracer = Background::spawn(&record_args(fixture.id(), out.path(), &["--no-calibrate"]));
+    let pid = fixture.pid().to_string();
+    let mut tracer =
+        Background::spawn(&record_args(fixture.pid(), out.path(), &["--no-calibrate"]));
     tracer.wait_ready(Duration::from_secs(120));
     std::thread::sleep(Duration::from_millis(500));
     fixture.kill().unwrap();
-    fixture.wait().unwrap();
     let exited = std::time::Instant::now();
     let (status, stderr) = tracer.finish();
     assert!(status.success(), "tracer failed:\n{stderr}");
@@ -99,15 +99,13 @@ fn sigint_detaches() {
     }
     let me = std::env::current_exe().unwrap();
     // Killed when done: long enough for a slow (emulated) machine to calibrate and attach.
-    let mut fixture = spawn_fixture(&me, 600.0);
+    let fixture = spawn_fixture(&me, 600.0);
     let out = tempfile::tempdir().unwrap();
-    let tracer = Background::spawn(&record_args(fixture.id(), out.path(), &[]));
+    let mut tracer = Background::spawn(&record_args(fixture.pid(), out.path(), &[]));
     tracer.wait_ready(Duration::from_secs(120));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(tracer.child.id() as i32, libc::SIGINT) };
+    tracer.signal(Signal::INT);
     let (status, stderr) = tracer.finish();
-    fixture.kill().unwrap();
-    fixture.wait().unwrap();
+    drop(fixture);
     assert!(status.success(), "tracer failed:\n{stderr}");
     assert!(stderr.contains("stopped (signal 2)"), "{stderr}");
     assert_eq!(still_loaded(&program_ids(&stderr)), Vec::<u32>::new());
@@ -158,7 +156,7 @@ fn item7_tids_not_readded_at_exit() {
     let me = std::env::current_exe().unwrap();
     // Ends on its own (its client thread first) some seconds after listening.
     let mut fixture = spawn_fixture(&me, 10.0);
-    let target = Target::open(fixture.id()).unwrap();
+    let target = Target::open(fixture.pid()).unwrap();
     let options = Options {
         sample_hz: 0,
         ring_bytes: 1 << 20,

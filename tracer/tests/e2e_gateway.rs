@@ -23,14 +23,15 @@ mod attach_common;
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs::File,
-    io::{BufRead as _, BufReader, Read as _},
+    io::Read as _,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::{Arc, Mutex, mpsc},
+    process::{Command, Stdio},
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
 use attach_common::{leftover_uprobes, program_ids, require_root, still_loaded};
+use testproc::{Proc, Signal, Spawn, Stream};
 
 /// The load: well below the gateway's max, so nothing queues and nothing may be lost.
 /// `TRACER_E2E_RATE` overrides it where the gateway is slower (an emulated guest).
@@ -91,78 +92,16 @@ fn build_binaries() -> Binaries {
     }
 }
 
-/// A child killed and reaped when dropped, so a failing assertion leaves nothing running.
-struct Running {
-    name: &'static str,
-    child: Child,
+/// Starts `spawn` (a [`Proc`]: stopped and reaped on drop, so a failing assertion leaves
+/// nothing running), panicking with why it could not.
+fn start(spawn: Spawn) -> Proc {
+    spawn.start().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-impl Running {
-    /// `taskset -c cpu program args` (taskset execs the program: same pid, pinned).
-    fn pinned(cpu: &str, program: &Path, args: &[&str]) -> Command {
-        let mut command = Command::new("taskset");
-        command.args(["-c", cpu]).arg(program).args(args);
-        command
-    }
-
-    fn spawn(name: &'static str, mut command: Command) -> Running {
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-        Running { name, child }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Reads stdout until `listening on ADDR`, then keeps draining it (and stderr) in the
-    /// background so the child never blocks on a full pipe.
-    fn wait_listening(&mut self) -> String {
-        drain(self.child.stderr.take().unwrap());
-        let (tx, rx) = mpsc::channel();
-        let stdout = self.child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(addr) = line.strip_prefix("listening on ") {
-                    let _ = tx.send(addr.trim().to_owned());
-                }
-            }
-        });
-        rx.recv_timeout(Duration::from_secs(20))
-            .unwrap_or_else(|_| panic!("{} did not print `listening on`", self.name))
-    }
-
-    fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} still running after {timeout:?}",
-                self.name
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn drain(pipe: impl std::io::Read + Send + 'static) {
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut BufReader::new(pipe), &mut std::io::sink());
-    });
+/// Waits for a server's `listening on ADDR` line; its address.
+fn wait_listening(proc: &mut Proc) -> String {
+    proc.wait_for_prefix("listening on ", Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A CSV row: column name → text.
@@ -274,11 +213,12 @@ fn traced_run(hog: bool, binary: Binary) -> TracedRun {
     let out = dir.path().join("session");
     let client_csv = dir.path().join("client.csv");
 
-    let mut mock = Running::spawn(
-        "mock-upstream",
-        Running::pinned(LOAD_CPU, &bins.mock_upstream, &["--listen", "127.0.0.1:0"]),
+    let mut mock = start(
+        Spawn::new("mock-upstream", &bins.mock_upstream)
+            .args(["--listen", "127.0.0.1:0"])
+            .cpus(Some(LOAD_CPU)),
     );
-    let upstream = format!("http://{}", mock.wait_listening());
+    let upstream = format!("http://{}", wait_listening(&mut mock));
     let db = dir.path().join("ledger.db");
     let init = Command::new(&gateway_bin)
         .arg("init")
@@ -297,54 +237,24 @@ fn traced_run(hog: bool, binary: Binary) -> TracedRun {
         .find_map(|line| line.trim().strip_prefix("api_key=").map(str::to_owned))
         .expect("gateway init printed no api_key=");
     let db_arg = db.to_str().unwrap();
-    let mut gateway = Running::spawn(
-        "gateway",
-        Running::pinned(
-            GATEWAY_CPU,
-            &gateway_bin,
-            &[
-                "serve",
-                "--db",
-                db_arg,
-                "--listen",
-                "127.0.0.1:0",
-                "--workers",
-                "1",
-            ],
-        ),
+    let mut gateway = start(
+        Spawn::new("gateway", &gateway_bin)
+            .args(["serve", "--db", db_arg, "--listen", "127.0.0.1:0"])
+            .args(["--workers", "1"])
+            .cpus(Some(GATEWAY_CPU)),
     );
-    let gateway_url = format!("http://{}", gateway.wait_listening());
+    let gateway_url = format!("http://{}", wait_listening(&mut gateway));
 
     let pid = gateway.pid().to_string();
     let attach = std::env::var("TRACER_ATTACH").unwrap_or_else(|_| "auto".to_owned());
-    let mut tracer_command = Command::new("taskset");
-    tracer_command
-        .args(["-c", LOAD_CPU, env!("CARGO_BIN_EXE_tracer")])
-        .args(["record", "--pid", &pid, "--out", out.to_str().unwrap()])
-        .args(["--attach", &attach, "--wait-for"]);
-    let mut tracer = Running::spawn("tracer", tracer_command);
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let (ready_tx, ready_rx) = mpsc::channel();
-    {
-        let stderr = stderr.clone();
-        let pipe = tracer.child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                if line.starts_with("tracer: program ids ") {
-                    let _ = ready_tx.send(());
-                }
-                let mut all = stderr.lock().unwrap();
-                all.push_str(&line);
-                all.push('\n');
-            }
-        });
-    }
-    drain(tracer.child.stdout.take().unwrap());
-    if ready_rx.recv_timeout(READY_TIMEOUT).is_err() {
-        panic!(
-            "the tracer did not attach within {READY_TIMEOUT:?}:\n{}",
-            stderr.lock().unwrap()
-        );
+    let mut tracer = start(
+        Spawn::new("tracer", env!("CARGO_BIN_EXE_tracer"))
+            .args(["record", "--pid", &pid, "--out", out.to_str().unwrap()])
+            .args(["--attach", &attach, "--wait-for"])
+            .cpus(Some(LOAD_CPU)),
+    );
+    if let Err(err) = tracer.wait_for_prefix("tracer: program ids ", READY_TIMEOUT) {
+        panic!("{err:#}");
     }
     let attached_s = started.elapsed().as_secs_f64();
     let hog = hog.then(|| {
@@ -359,7 +269,7 @@ fn traced_run(hog: bool, binary: Binary) -> TracedRun {
             .args(["-n", "-5", "taskset", "-c", GATEWAY_CPU])
             .arg(&hog)
             .args(["-c", "while :; do :; done"]);
-        Running::spawn("hog", command)
+        start(Spawn::command("hog", command))
     });
 
     let rate: u64 = std::env::var("TRACER_E2E_RATE")
@@ -385,10 +295,11 @@ fn traced_run(hog: bool, binary: Binary) -> TracedRun {
         String::from_utf8_lossy(&loadgen.stderr)
     );
 
-    // SAFETY: signalling our own child, not yet reaped.
-    unsafe { libc::kill(tracer.pid() as libc::pid_t, libc::SIGINT) };
-    let status = tracer.wait(FINISH_TIMEOUT);
-    let stderr = stderr.lock().unwrap().clone();
+    tracer.signal(Signal::INT).unwrap();
+    let status = tracer
+        .wait_timeout(FINISH_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let stderr = tracer.output_of(Stream::Stderr);
     assert!(status.success(), "tracer failed ({status}):\n{stderr}");
     eprintln!(
         "e2e: attached after {attached_s:.1}s, done after {:.1}s",
@@ -409,7 +320,9 @@ fn traced_run(hog: bool, binary: Binary) -> TracedRun {
     for binary in [gateway_bin.clone(), gateway_bin.canonicalize().unwrap()] {
         assert_eq!(leftover_uprobes(&binary), Vec::<String>::new());
     }
-    gateway.wait_or_stop();
+    // The gateway ends on SIGINT (its Ctrl-C); killed if it does not within a few seconds.
+    let _ = gateway.signal(Signal::INT);
+    let _ = gateway.wait_timeout(Duration::from_secs(5));
     drop(mock);
     let hog = hog.map(|hog| hog.pid());
     TracedRun {
@@ -569,23 +482,6 @@ fn traced_gateway_requests_match_the_client() {
         traced.len(),
         started.elapsed().as_secs_f64()
     );
-}
-
-impl Running {
-    /// The gateway ends on SIGINT (its Ctrl-C); kill it if it does not within a few seconds.
-    fn wait_or_stop(&mut self) {
-        // SAFETY: signalling our own child, not yet reaped.
-        unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if self.child.try_wait().unwrap().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// pictures.json's wait-for summary of the tail (`wait`) or of every request (`wait_all`).

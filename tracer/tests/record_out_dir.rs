@@ -28,8 +28,8 @@ fn a_link_planted_at_requests_csv_is_never_followed() {
     std::os::unix::fs::symlink(&victim, out.join("requests.csv")).unwrap();
 
     let me = std::env::current_exe().unwrap();
-    let mut fixture = spawn_fixture(&me, 600.0);
-    let args = record_args(fixture.id(), &out, &["--no-calibrate", "--duration", "1"]);
+    let fixture = spawn_fixture(&me, 600.0);
+    let args = record_args(fixture.pid(), &out, &["--no-calibrate", "--duration", "1"]);
     let refused = run_tracer(&args);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");
@@ -43,8 +43,7 @@ fn a_link_planted_at_requests_csv_is_never_followed() {
     let mut again = args.clone();
     again.push("--overwrite".to_owned());
     let recorded = run_tracer(&again);
-    fixture.kill().unwrap();
-    fixture.wait().unwrap();
+    drop(fixture);
     let stderr = String::from_utf8_lossy(&recorded.stderr);
     assert!(recorded.status.success(), "{stderr}");
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");

@@ -7,7 +7,7 @@ mod attach_common;
 use std::{
     io::{BufRead as _, BufReader},
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
@@ -23,17 +23,17 @@ fn fixture_child() {
 
 const READY: Duration = Duration::from_secs(120);
 
-/// A running fixture, killed when the test ends (a failed assertion too), and an empty --out.
+/// A running fixture, stopped when the test ends (a failed assertion too), and an empty --out.
 struct Setup {
     me: PathBuf,
-    fixture: Child,
+    fixture: Proc,
     out: tempfile::TempDir,
 }
 
 impl Setup {
     fn new() -> Setup {
         let me = std::env::current_exe().unwrap();
-        // Long enough for a slow machine to attach; killed on drop.
+        // Long enough for a slow machine to attach; stopped on drop.
         let fixture = spawn_fixture(&me, 600.0);
         let out = tempfile::tempdir().unwrap();
         Setup { me, fixture, out }
@@ -43,17 +43,16 @@ impl Setup {
     fn args(&self, extra: &[&str]) -> Vec<String> {
         let mut all = vec!["--no-calibrate"];
         all.extend_from_slice(extra);
-        record_args(self.fixture.id(), self.out.path(), &all)
+        record_args(self.fixture.pid(), self.out.path(), &all)
     }
 
     /// The tracer with `extra`, its stderr piped to the test.
-    fn spawn_tracer(&self, extra: &[&str]) -> Child {
-        tracer()
+    fn spawn_tracer(&self, extra: &[&str]) -> Proc {
+        testproc::Spawn::command("tracer", tracer())
             .args(self.args(extra))
-            .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting the tracer")
+            .start()
+            .unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// The session's files are there and readable.
@@ -68,29 +67,17 @@ impl Setup {
     }
 }
 
-impl Drop for Setup {
-    fn drop(&mut self) {
-        let _ = self.fixture.kill();
-        let _ = self.fixture.wait();
-    }
-}
-
-fn signal(child: &Child, signal: i32) {
-    // SAFETY: signalling our own child, not reaped yet.
-    unsafe { libc::kill(child.id() as i32, signal) };
-}
-
 /// Records the fixture, sends `signal` once attached, and checks the session ended cleanly.
-fn stops_cleanly_on(number: i32) {
+fn stops_cleanly_on(signal: Signal) {
     let setup = Setup::new();
-    let tracer = Background::spawn(&setup.args(&[]));
+    let mut tracer = Background::spawn(&setup.args(&[]));
     tracer.wait_ready(READY);
     std::thread::sleep(Duration::from_millis(500));
-    signal(&tracer.child, number);
+    tracer.signal(signal);
     let (status, stderr) = tracer.finish();
     assert!(status.success(), "tracer failed ({status}):\n{stderr}");
     assert!(
-        stderr.contains(&format!("stopped (signal {number})")),
+        stderr.contains(&format!("stopped (signal {})", signal.as_raw())),
         "{stderr}"
     );
     setup.assert_outputs(&stderr);
@@ -101,14 +88,14 @@ fn stops_cleanly_on(number: i32) {
 #[test]
 fn sigterm_mid_session_writes_the_outputs_and_detaches() {
     if require_root("sigterm_mid_session_writes_the_outputs_and_detaches") {
-        stops_cleanly_on(libc::SIGTERM);
+        stops_cleanly_on(Signal::TERM);
     }
 }
 
 #[test]
 fn sighup_mid_session_writes_the_outputs_and_detaches() {
     if require_root("sighup_mid_session_writes_the_outputs_and_detaches") {
-        stops_cleanly_on(libc::SIGHUP);
+        stops_cleanly_on(Signal::HUP);
     }
 }
 
@@ -118,33 +105,14 @@ fn a_second_sigint_exits_at_once_writing_nothing() {
         return;
     }
     let setup = Setup::new();
-    let mut child = setup.spawn_tracer(&[]);
-    let (lines, received) = std::sync::mpsc::channel();
-    let pipe = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            let _ = lines.send(line);
-        }
-    });
-    let mut seen = String::new();
-    let mut wait_for = |prefix: &str| loop {
-        let line = received
-            .recv_timeout(READY)
-            .unwrap_or_else(|_| panic!("no `{prefix}` line:\n{seen}"));
-        seen.push_str(&line);
-        seen.push('\n');
-        if line.starts_with(prefix) {
-            break;
-        }
-    };
-    wait_for("tracer: program ids ");
+    let mut tracer = Background::spawn(&setup.args(&[]));
+    tracer.wait_ready(READY);
     std::thread::sleep(Duration::from_millis(300));
-    signal(&child, libc::SIGINT);
+    tracer.signal(Signal::INT);
     // Only once the first is handled: two pending SIGINTs would merge into one.
-    wait_for("tracer: stopping (signal 2)");
-    signal(&child, libc::SIGINT);
-    let status = child.wait().unwrap();
-    reader.join().unwrap();
+    tracer.wait_for_prefix("tracer: stopping (signal 2)", READY);
+    tracer.signal(Signal::INT);
+    let (status, seen) = tracer.finish();
     assert_eq!(status.code(), Some(130), "{status}:\n{seen}");
     assert!(
         !setup.out.path().join("breakdown.json").exists(),
@@ -159,9 +127,9 @@ fn a_closed_stderr_does_not_stop_the_session() {
     }
     let setup = Setup::new();
     // Progress lines come every second: the ones after the ready line hit a closed pipe.
-    let mut child = setup.spawn_tracer(&["--duration", "3"]);
+    let mut tracer = setup.spawn_tracer(&["--duration", "3"]);
     let mut seen = String::new();
-    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+    for line in BufReader::new(tracer.take_stderr().unwrap()).lines() {
         let line = line.unwrap();
         seen.push_str(&line);
         seen.push('\n');
@@ -170,7 +138,7 @@ fn a_closed_stderr_does_not_stop_the_session() {
         }
     }
     // The reader is dropped here: every later write to stderr fails with EPIPE.
-    let status = child.wait().unwrap();
+    let status = tracer.wait().unwrap();
     assert!(status.success(), "tracer failed ({status}):\n{seen}");
     setup.assert_outputs(&seen);
 }

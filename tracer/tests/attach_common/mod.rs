@@ -13,11 +13,11 @@
 
 use std::{
     ffi::OsStr,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{Read as _, Write as _},
     net::{TcpListener, TcpStream},
     os::fd::AsRawFd as _,
     path::Path,
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Output},
     time::{Duration, Instant},
 };
 
@@ -27,7 +27,11 @@ use gateway::probe::{
     gw_probe_sign_end,
 };
 
+pub use testproc::{Proc, Signal, Stream};
+
 pub const FIXTURE_ENV: &str = "TRACER_FIXTURE_SECS";
+/// How long the fixture may take to listen.
+const READY: Duration = Duration::from_secs(120);
 
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
@@ -122,9 +126,9 @@ pub fn fixture_main(secs: f64) {
     client.join().unwrap();
 }
 
-/// Starts the fixture for `secs` and waits until it listens.
-pub fn spawn_fixture(test_binary: &Path, secs: f64) -> Child {
-    let mut child = Command::new(test_binary)
+/// Starts the fixture for `secs` and waits until it listens; stopped and reaped on drop.
+pub fn spawn_fixture(test_binary: &Path, secs: f64) -> Proc {
+    let mut fixture = testproc::Spawn::new("fixture", test_binary)
         .args([
             "--exact",
             "fixture_child",
@@ -132,24 +136,15 @@ pub fn spawn_fixture(test_binary: &Path, secs: f64) -> Child {
             "--test-threads=1",
         ])
         .env(FIXTURE_ENV, secs.to_string())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawning the fixture");
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    loop {
-        let line = lines
-            .next()
-            .expect("fixture ended before listening")
-            .unwrap();
-        // libtest prints `test fixture_child ... ` on the same line first.
-        if line.contains("listening ") {
-            break;
-        }
-    }
-    // Keep draining so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    child
+        .start()
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    // libtest prints `test fixture_child ... ` on the same line first.
+    fixture
+        .wait_for("its listening line", READY, |line| {
+            line.contains("listening ").then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    fixture
 }
 
 /// Records a fresh fixture (the test binary `me`) with [`record_args`] and `extra`, which
@@ -157,12 +152,11 @@ pub fn spawn_fixture(test_binary: &Path, secs: f64) -> Child {
 /// output unless it succeeded; returns that output (stderr).
 pub fn record_fixture(me: &Path, extra: &[&str]) -> String {
     // Killed when done: long enough for a slow (emulated) machine to calibrate and attach.
-    let mut fixture = spawn_fixture(me, 600.0);
+    let fixture = spawn_fixture(me, 600.0);
     let out = tempfile::tempdir().unwrap();
-    let output = run_tracer(&record_args(fixture.id(), out.path(), extra));
+    let output = run_tracer(&record_args(fixture.pid(), out.path(), extra));
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    fixture.kill().unwrap();
-    fixture.wait().unwrap();
+    drop(fixture);
     assert!(output.status.success(), "tracer failed:\n{stderr}");
     stderr
 }
@@ -182,62 +176,42 @@ pub fn expected_kinds() -> (String, String) {
     (plan.syscalls.to_string(), plan.sockets.to_string())
 }
 
-/// A tracer running in the background whose stderr is collected; [`Self::wait_ready`] blocks
-/// until it printed its ready line (`tracer: program ids`).
-pub struct Background {
-    pub child: Child,
-    stderr: std::sync::Arc<std::sync::Mutex<String>>,
-    ready: std::sync::mpsc::Receiver<()>,
-    reader: std::thread::JoinHandle<()>,
-}
+/// A tracer running in the background, its output collected (a [`testproc::Proc`]: stopped
+/// and reaped on drop); [`Self::wait_ready`] blocks until it printed its ready line
+/// (`tracer: program ids`).
+pub struct Background(pub Proc);
 
 impl Background {
     pub fn spawn<S: AsRef<OsStr>>(args: &[S]) -> Background {
-        let mut child = tracer()
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting the tracer");
-        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let (tx, ready) = std::sync::mpsc::channel();
-        let pipe = child.stderr.take().unwrap();
-        let all = stderr.clone();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                if line.starts_with("tracer: program ids ") {
-                    let _ = tx.send(());
-                }
-                let mut all = all.lock().unwrap();
-                all.push_str(&line);
-                all.push('\n');
-            }
-        });
-        Background {
-            child,
-            stderr,
-            ready,
-            reader,
-        }
+        Background(
+            testproc::Spawn::new("tracer", env!("CARGO_BIN_EXE_tracer"))
+                .args(args)
+                .start()
+                .unwrap_or_else(|e| panic!("{e:#}")),
+        )
     }
 
     /// Panics with the tracer's output if it is not attached within `timeout`.
-    pub fn wait_ready(&self, timeout: Duration) {
-        if self.ready.recv_timeout(timeout).is_err() {
-            panic!(
-                "the tracer did not attach within {timeout:?}:\n{}",
-                self.stderr.lock().unwrap()
-            );
+    pub fn wait_ready(&mut self, timeout: Duration) {
+        self.wait_for_prefix("tracer: program ids ", timeout);
+    }
+
+    /// Panics with the tracer's output unless it prints a line starting with `prefix` within
+    /// `timeout`.
+    pub fn wait_for_prefix(&mut self, prefix: &str, timeout: Duration) {
+        if let Err(err) = self.0.wait_for_prefix(prefix, timeout) {
+            panic!("{err:#}");
         }
+    }
+
+    pub fn signal(&mut self, signal: Signal) {
+        self.0.signal(signal).unwrap_or_else(|e| panic!("{e:#}"));
     }
 
     /// Waits for the tracer to exit; returns its status and everything it wrote to stderr.
     pub fn finish(mut self) -> (std::process::ExitStatus, String) {
-        let status = self.child.wait().unwrap();
-        // The pipe closes with the tracer: the reader has every line once it ends.
-        self.reader.join().unwrap();
-        let stderr = self.stderr.lock().unwrap().clone();
-        (status, stderr)
+        let status = self.0.wait().unwrap();
+        (status, self.0.output_of(Stream::Stderr))
     }
 }
 
