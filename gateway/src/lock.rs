@@ -9,13 +9,14 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
+use rustix::fs::{FlockOperation, OFlags, flock};
+use rustix::io::Errno;
 
-/// Held for as long as the server runs; the kernel drops the lock when the process ends,
-/// however it ends, so a stale lock file never blocks a restart.
+/// Held for as long as the server runs (the lock goes with the open file); the kernel drops
+/// the lock when the process ends, however it ends, so a stale lock file never blocks a
+/// restart.
 pub struct LedgerLock {
-    _lock: Flock<File>,
+    _lock: File,
 }
 
 pub fn lock_path(db: &Path) -> PathBuf {
@@ -27,20 +28,20 @@ pub fn lock_path(db: &Path) -> PathBuf {
 impl LedgerLock {
     pub fn acquire(db: &Path) -> anyhow::Result<LedgerLock> {
         let path = lock_path(db);
-        let file = OpenOptions::new()
+        let mut lock = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .custom_flags((OFlags::NOFOLLOW | OFlags::CLOEXEC).bits() as i32)
             .open(&path)
             .with_context(|| format!("opening the ledger lock {}", path.display()))?;
-        let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => lock,
-            Err((mut file, Errno::EWOULDBLOCK)) => {
+        match flock(&lock, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) => {
                 let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
+                let _ = lock.read_to_string(&mut holder);
                 let holder = match holder.trim() {
                     "" => "unknown pid".to_owned(),
                     pid => format!("pid {pid}"),
@@ -51,8 +52,8 @@ impl LedgerLock {
                     path.display()
                 );
             }
-            Err((_, e)) => bail!("locking {}: {e}", path.display()),
-        };
+            Err(e) => bail!("locking {}: {e}", path.display()),
+        }
         lock.set_len(0)?;
         lock.rewind()?;
         writeln!(lock, "{}", std::process::id())?;

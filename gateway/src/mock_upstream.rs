@@ -23,9 +23,9 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use nix::errno::Errno;
-use nix::sys::time::TimeSpec;
-use nix::time::{ClockId, ClockNanosleepFlags, clock_gettime, clock_nanosleep};
+use rustix::io::Errno;
+use rustix::thread::{clock_nanosleep_absolute, set_current_timer_slack};
+use rustix::time::{ClockId, Timespec, clock_gettime};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -116,16 +116,16 @@ impl IdLog {
 /// every sleep up to the next tick (5 ms answered in ~6.4 ms). This thread sleeps to each
 /// deadline with absolute `clock_nanosleep` and 1 µs timer slack, then wakes the requests due.
 struct Timer {
-    delay: TimeSpec,
+    delay: Timespec,
     /// Deadlines in order: each is `now + delay` taken under the lock, with one fixed delay.
-    queue: Mutex<VecDeque<(TimeSpec, oneshot::Sender<()>)>>,
+    queue: Mutex<VecDeque<(Timespec, oneshot::Sender<()>)>>,
     queued: Condvar,
 }
 
 impl Timer {
     fn start(delay: Duration) -> std::io::Result<Arc<Timer>> {
         let timer = Arc::new(Timer {
-            delay: TimeSpec::from_duration(delay),
+            delay: Timespec::try_from(delay).map_err(|_| std::io::ErrorKind::InvalidInput)?,
             queue: Mutex::new(VecDeque::new()),
             queued: Condvar::new(),
         });
@@ -153,7 +153,7 @@ impl Timer {
     fn run(&self) {
         // The default 50 µs slack would make every answer up to 50 µs late; failure only costs
         // that precision.
-        let _ = nix::sys::prctl::set_timerslack(1_000);
+        let _ = set_current_timer_slack(std::num::NonZeroU64::new(1_000));
         let mut due = Vec::new();
         loop {
             let next = {
@@ -171,12 +171,7 @@ impl Timer {
                 }
             };
             // Deadlines only grow, so nothing queued during the sleep is due before `next`.
-            while clock_nanosleep(
-                ClockId::CLOCK_MONOTONIC,
-                ClockNanosleepFlags::TIMER_ABSTIME,
-                &next,
-            ) == Err(Errno::EINTR)
-            {}
+            while clock_nanosleep_absolute(ClockId::Monotonic, &next) == Err(Errno::INTR) {}
             let now = monotonic();
             {
                 let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
@@ -191,7 +186,6 @@ impl Timer {
     }
 }
 
-fn monotonic() -> TimeSpec {
-    // CLOCK_MONOTONIC cannot fail to read on Linux.
-    clock_gettime(ClockId::CLOCK_MONOTONIC).unwrap_or_else(|_| TimeSpec::new(0, 0))
+fn monotonic() -> Timespec {
+    clock_gettime(ClockId::Monotonic)
 }

@@ -150,10 +150,11 @@ pub async fn serve(
 }
 
 fn is_out_of_descriptors(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-    )
+    use rustix::io::Errno;
+    e.raw_os_error().is_some_and(|raw| {
+        [Errno::MFILE, Errno::NFILE, Errno::NOBUFS, Errno::NOMEM]
+            .contains(&Errno::from_raw_os_error(raw))
+    })
 }
 
 /// A request's two ids: the gateway's probe id (unique, for the tracer) and the client's

@@ -2,23 +2,19 @@
 //! `bpf_ktime_get_ns` and with the tracer's records.
 
 use std::io;
-use std::os::fd::{AsFd as _, AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use nix::sys::time::TimeSpec;
-use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+use rustix::time::{
+    ClockId, Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec, clock_gettime,
+    timerfd_create, timerfd_settime,
+};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
 /// Nanoseconds on CLOCK_MONOTONIC.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec and CLOCK_MONOTONIC exists on every Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    debug_assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC) cannot fail");
+    let ts = clock_gettime(ClockId::Monotonic);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -29,22 +25,22 @@ pub fn monotonic_ns() -> u64 {
 pub struct Deadline(AsyncFd<Timer>);
 
 /// The timerfd, seen by tokio through its raw fd.
-struct Timer(TimerFd);
+struct Timer(OwnedFd);
 
 impl AsRawFd for Timer {
     fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
+        self.0.as_raw_fd()
     }
 }
 
 impl Deadline {
     /// Must be called inside a tokio runtime with I/O enabled.
     pub fn new() -> io::Result<Self> {
-        let timer = TimerFd::new(
-            ClockId::CLOCK_MONOTONIC,
-            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        let timer = timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
         )?;
-        // SAFETY: the AsyncFd owns the TimerFd, whose fd stays open and the same until the
+        // SAFETY: the AsyncFd owns the timerfd, whose fd stays open and the same until the
         // AsyncFd drops it.
         let registered =
             unsafe { AsyncFd::register_with_interest(Timer(timer), Interest::READABLE) };
@@ -54,16 +50,23 @@ impl Deadline {
     /// Returns once CLOCK_MONOTONIC has reached `deadline_ns` (at once if it has already).
     pub async fn until(&self, deadline_ns: u64) -> io::Result<()> {
         // A zero expiry would disarm the timer instead.
-        let at = TimeSpec::from_duration(Duration::from_nanos(deadline_ns.max(1)));
-        self.0.get_ref().0.set(
-            Expiration::OneShot(at),
-            TimerSetTimeFlags::TFD_TIMER_ABSTIME,
-        )?;
+        let at = Timespec::try_from(Duration::from_nanos(deadline_ns.max(1)))
+            .map_err(|_| io::ErrorKind::InvalidInput)?;
+        let once = Itimerspec {
+            it_interval: Timespec::default(),
+            it_value: at,
+        };
+        timerfd_settime(&self.0.get_ref().0, TimerfdTimerFlags::ABSTIME, &once)?;
         loop {
             let mut ready = self.0.readable().await?;
-            // `wait` reads the expiry count; on this non-blocking fd it fails with EAGAIN until
-            // the deadline, which `try_io` takes as "not ready yet".
-            match ready.try_io(|timer| timer.get_ref().0.wait().map_err(io::Error::from)) {
+            // Reading the expiry count fails with EAGAIN on this non-blocking fd until the
+            // deadline, which `try_io` takes as "not ready yet".
+            let expired = ready.try_io(|timer| {
+                let mut count = [0u8; 8];
+                rustix::io::read(&timer.get_ref().0, &mut count)?;
+                Ok(())
+            });
+            match expired {
                 Ok(result) => return result,
                 Err(_would_block) => continue,
             }

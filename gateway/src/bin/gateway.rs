@@ -14,7 +14,7 @@ use gateway::ledger::verify::{self, Head, Published, Verdict};
 use gateway::lock::LedgerLock;
 use gateway::secrets::{MasterKey, default_key_path};
 use gateway::server::Limits;
-use nix::sys::resource::{Resource, getrlimit};
+use rustix::process::{Resource, getrlimit};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser)]
@@ -415,7 +415,7 @@ async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
 /// Half the soft open-file limit: the rest is left for upstream connections, the database
 /// and the runtime, so the cap is reached before EMFILE.
 fn default_max_connections() -> u32 {
-    let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft);
+    let soft = getrlimit(Resource::Nofile).current.unwrap_or(1024);
     (soft / 2).clamp(16, 65_536) as u32
 }
 
