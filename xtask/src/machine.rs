@@ -2,9 +2,11 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use time::format_description::FormatItem;
+use time::macros::format_description;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Machine {
@@ -138,72 +140,44 @@ pub fn filesystem_of(path: &Path) -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
-/// A UTC calendar time, without a date crate.
+/// A UTC time, to the second, as the reports write it.
 #[derive(Clone, Copy, Debug)]
-pub struct UtcTime {
-    pub year: i64,
-    pub month: u32,
-    pub day: u32,
-    pub hour: u32,
-    pub minute: u32,
-    pub second: u32,
-}
+pub struct UtcTime(OffsetDateTime);
+
+/// `2026-12-01T09:30:00Z`.
+const ISO8601: &[FormatItem<'_>] =
+    format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
+/// `20261201T093000Z`: sorts by time and needs no quoting in a path.
+const COMPACT: &[FormatItem<'_>] =
+    format_description!("[year][month][day]T[hour][minute][second]Z");
 
 impl UtcTime {
-    pub fn date(&self) -> String {
-        format!("{:04}-{:02}-{:02}", self.year, self.month, self.day)
+    pub fn iso8601(&self) -> String {
+        self.format(ISO8601)
     }
 
-    pub fn iso8601(&self) -> String {
-        format!(
-            "{}T{:02}:{:02}:{:02}Z",
-            self.date(),
-            self.hour,
-            self.minute,
-            self.second
-        )
+    /// `20261201T093000Z`.
+    pub fn compact(&self) -> String {
+        self.format(COMPACT)
+    }
+
+    fn format(&self, description: &[FormatItem<'_>]) -> String {
+        // Years 0..=9999 and a description without fallible parts: formatting cannot fail.
+        self.0.format(description).expect("a UTC time formats")
     }
 }
 
 pub fn utc_now() -> UtcTime {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs()) as i64;
-    utc_from_unix(secs)
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date, counting in 400-year eras that start
-/// on March 1st so the leap day is the last day of an era's year.
-fn utc_from_unix(secs: i64) -> UtcTime {
-    let days = secs.div_euclid(86_400);
-    let of_day = secs.rem_euclid(86_400) as u32;
-    let shifted = days + 719_468; // days from 0000-03-01 to 1970-01-01
-    let era = shifted.div_euclid(146_097);
-    let day_of_era = shifted.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_from_march = (5 * day_of_year + 2) / 153;
-    let day = (day_of_year - (153 * month_from_march + 2) / 5 + 1) as u32;
-    let month = if month_from_march < 10 {
-        month_from_march + 3
-    } else {
-        month_from_march - 9
-    } as u32;
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    UtcTime {
-        year,
-        month,
-        day,
-        hour: of_day / 3_600,
-        minute: of_day / 60 % 60,
-        second: of_day % 60,
-    }
+    UtcTime(OffsetDateTime::now_utc())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn utc_from_unix(secs: i64) -> UtcTime {
+        UtcTime(OffsetDateTime::from_unix_timestamp(secs).unwrap())
+    }
 
     #[test]
     fn unix_times_become_utc_dates() {
@@ -221,5 +195,7 @@ mod tests {
             utc_from_unix(4_102_444_800).iso8601(),
             "2100-01-01T00:00:00Z"
         );
+        assert_eq!(utc_from_unix(1_764_581_400).compact(), "20251201T093000Z");
+        assert_eq!(utc_from_unix(5).compact(), "19700101T000005Z");
     }
 }

@@ -176,15 +176,7 @@ pub fn not_owned_by(dir: &Path, uid: u32) -> anyhow::Result<Vec<PathBuf>> {
 /// The pid of the first process named `comm` among `ancestor`'s descendants: the tracer that
 /// `sudo` (and, with `use_pty`, sudo's monitor) started.
 pub fn descendant_named(ancestor: u32, comm: &str) -> Option<u32> {
-    let parents: Vec<(u32, u32, String)> = std::fs::read_dir("/proc")
-        .ok()?
-        .filter_map(|entry| {
-            let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let (name, ppid) = crate::procstat::parse_comm_ppid(&stat)?;
-            Some((pid, ppid, name.to_owned()))
-        })
-        .collect();
+    let parents = crate::procstat::comm_ppid_all();
     let is_descendant = |mut pid: u32| {
         // Bounded: a pid reused mid-walk cannot loop forever.
         for _ in 0..parents.len() {
@@ -286,8 +278,10 @@ mod tests {
             "the tracer runs under sudo"
         );
         // In a terminal, sudo's monitor process sits between sudo and the tracer.
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", tracer.pid())).unwrap();
-        let (_, parent) = crate::procstat::parse_comm_ppid(&stat).unwrap();
+        let stat = procfs::process::Process::new(tracer.pid() as i32)
+            .and_then(|process| process.stat())
+            .unwrap();
+        let parent = stat.ppid as u32;
         let terminal = std::env::var_os(TERMINAL_VAR).is_some();
         assert_eq!(
             parent == tracer.proc.pid(),

@@ -1,31 +1,39 @@
-//! What /proc says about a process and a CPU: CPU time from /proc/PID/stat, memory from
-//! /proc/PID/status, and a CPU's busy share from /proc/stat.
+//! What /proc says about a process and a CPU, read with `procfs`: CPU time from /proc/PID/stat
+//! (in the kernel's own clock ticks, not an assumed USER_HZ), memory from /proc/PID/status, and
+//! a CPU's busy share from /proc/stat.
 
-/// USER_HZ: the unit of utime/stime in /proc/PID/stat (100 on every Linux architecture we run).
-const TICKS_PER_S: f64 = 100.0;
+use procfs::process::{Process, Stat};
+use procfs::{CpuTime, CurrentSI as _, KernelStats};
 
-/// utime + stime of a process (all its threads, live and exited), seconds.
-pub fn parse_cpu_seconds(stat: &str) -> Option<f64> {
-    // The command name is in parentheses and may hold spaces: split after the last ')'.
-    let (_, rest) = stat.rsplit_once(')')?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state); utime and stime are fields 14 and 15.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) as f64 / TICKS_PER_S)
+/// utime + stime of a process (all its threads, live and exited), seconds, at
+/// `ticks_per_second` clock ticks a second.
+pub fn stat_cpu_seconds(stat: &Stat, ticks_per_second: u64) -> f64 {
+    (stat.utime + stat.stime) as f64 / ticks_per_second as f64
 }
 
-/// The command name and parent pid from /proc/PID/stat.
-pub fn parse_comm_ppid(stat: &str) -> Option<(&str, u32)> {
-    let (head, rest) = stat.rsplit_once(')')?;
-    let (_, comm) = head.split_once('(')?;
-    // rest starts at field 3 (state); ppid is field 4.
-    let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
-    Some((comm, ppid))
+fn stat(pid: u32) -> Option<Stat> {
+    Process::new(i32::try_from(pid).ok()?).ok()?.stat().ok()
 }
 
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    parse_cpu_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    Some(stat_cpu_seconds(&stat(pid)?, procfs::ticks_per_second()))
+}
+
+/// The command name and parent pid of every process, by pid.
+pub fn comm_ppid_all() -> Vec<(u32, u32, String)> {
+    let Ok(processes) = procfs::process::all_processes() else {
+        return Vec::new();
+    };
+    processes
+        .filter_map(|process| {
+            let stat = process.ok()?.stat().ok()?;
+            Some((
+                u32::try_from(stat.pid).ok()?,
+                u32::try_from(stat.ppid).ok()?,
+                stat.comm,
+            ))
+        })
+        .collect()
 }
 
 /// A `kB` field of /proc/PID/status, in KiB.
@@ -43,7 +51,7 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
     )
 }
 
-/// Busy and total jiffies of one CPU (busy = all but idle and iowait).
+/// Busy and total clock ticks of one CPU (busy = all but idle and iowait).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuTimes {
     pub busy: u64,
@@ -61,49 +69,61 @@ impl CpuTimes {
     }
 }
 
-pub fn parse_cpu_times(proc_stat: &str, cpu: usize) -> Option<CpuTimes> {
-    let name = format!("cpu{cpu}");
-    let line = proc_stat
-        .lines()
-        .find(|line| line.split_whitespace().next() == Some(name.as_str()))?;
-    let values: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|v| v.parse().ok())
-        .collect::<Option<_>>()?;
-    // user nice system idle iowait irq softirq steal guest guest_nice; guest time is already
-    // inside user, so only the first eight count.
-    let counted = &values[..values.len().min(8)];
-    let total: u64 = counted.iter().sum();
-    let idle = counted.get(3).copied().unwrap_or(0) + counted.get(4).copied().unwrap_or(0);
-    Some(CpuTimes {
-        busy: total - idle,
-        total,
-    })
+impl From<&CpuTime> for CpuTimes {
+    fn from(time: &CpuTime) -> CpuTimes {
+        // user nice system idle iowait irq softirq steal guest guest_nice; guest time is
+        // already inside user, so only the first eight count.
+        let idle = time.idle + time.iowait.unwrap_or(0);
+        let total = time.user
+            + time.nice
+            + time.system
+            + idle
+            + time.irq.unwrap_or(0)
+            + time.softirq.unwrap_or(0)
+            + time.steal.unwrap_or(0);
+        CpuTimes {
+            busy: total - idle,
+            total,
+        }
+    }
 }
 
 pub fn cpu_times(cpu: usize) -> Option<CpuTimes> {
-    parse_cpu_times(&std::fs::read_to_string("/proc/stat").ok()?, cpu)
+    let stats = KernelStats::current().ok()?;
+    stats.cpu_time.get(cpu).map(CpuTimes::from)
 }
 
 #[cfg(test)]
 mod tests {
+    use procfs::{ExplicitSystemInfo, FromRead as _, FromReadSI as _};
+
     use super::*;
+
+    /// A /proc/PID/stat line of a 6.x kernel: utime 250, stime 75.
+    const STAT: &str = "4242 (tokio (worker)) S 17 4242 4242 0 -1 4194560 500 0 0 0 250 75 0 0 \
+                        20 0 3 0 100 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1 0 0 \
+                        0 0 0 0 0 0 0 0 0 0 0";
 
     #[test]
     fn process_cpu_from_stat_with_a_spaced_name() {
-        let stat = "4242 (tokio worker) S 1 4242 4242 0 -1 4194560 500 0 0 0 \
-                    250 75 0 0 20 0 3 0 100 0 0";
-        assert_eq!(parse_cpu_seconds(stat), Some(3.25));
-        assert_eq!(parse_cpu_seconds("garbage"), None);
+        let stat = Stat::from_read(STAT.as_bytes()).unwrap();
+        assert_eq!(stat_cpu_seconds(&stat, 100), 3.25);
+        assert_eq!(stat_cpu_seconds(&stat, 1000), 0.325);
+        assert_eq!(stat.comm, "tokio (worker)");
+        assert_eq!(stat.ppid, 17);
+        assert!(Stat::from_read("garbage".as_bytes()).is_err());
         assert!(cpu_seconds(std::process::id()).is_some());
     }
 
     #[test]
-    fn name_and_parent_from_stat() {
-        let stat = "4242 (tokio (worker)) S 17 4242 4242 0 -1 4194560 500 0 0 0 250 75";
-        assert_eq!(parse_comm_ppid(stat), Some(("tokio (worker)", 17)));
-        assert_eq!(parse_comm_ppid("4242 (x"), None);
+    fn name_and_parent_of_every_process() {
+        let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+        let me = (
+            std::process::id(),
+            std::os::unix::process::parent_id(),
+            comm.trim().to_owned(),
+        );
+        assert!(comm_ppid_all().contains(&me));
     }
 
     #[test]
@@ -114,13 +134,24 @@ mod tests {
         assert_eq!(parse_status_kib(status, "Vm"), None);
     }
 
+    fn kernel_stats(cpus: &str) -> KernelStats {
+        let text = format!("cpu  1 2 3 4 5 6 7 8 9 10\n{cpus}ctxt 1\nbtime 1\nprocesses 1\n");
+        let system = ExplicitSystemInfo {
+            boot_time_secs: 0,
+            ticks_per_second: 100,
+            page_size: 4096,
+            is_little_endian: true,
+        };
+        KernelStats::from_read(text.as_bytes(), &system).unwrap()
+    }
+
     #[test]
     fn cpu_busy_share() {
-        let before = "cpu  1 2 3 4 5 6 7 8 9 10\ncpu0 100 0 50 800 50 0 0 0 0 0\ncpu1 1 1 1 1\n";
-        let after = "cpu0 200 0 100 1000 50 0 0 0 0 0\n";
+        let before = kernel_stats("cpu0 100 0 50 800 50 0 0 0 0 0\ncpu1 1 1 1 1\n");
+        let after = kernel_stats("cpu0 200 0 100 1000 50 0 0 0 0 0\n");
         let (a, b) = (
-            parse_cpu_times(before, 0).unwrap(),
-            parse_cpu_times(after, 0).unwrap(),
+            CpuTimes::from(&before.cpu_time[0]),
+            CpuTimes::from(&after.cpu_time[0]),
         );
         assert_eq!(
             a,
@@ -130,7 +161,11 @@ mod tests {
             }
         );
         assert!((a.busy_share_until(&b) - 150.0 / 350.0).abs() < 1e-12);
-        assert_eq!(parse_cpu_times(before, 2), None);
+        assert_eq!(
+            CpuTimes::from(&before.cpu_time[1]),
+            CpuTimes { busy: 3, total: 4 }
+        );
+        assert_eq!(before.cpu_time.get(2).map(CpuTimes::from), None);
         assert!(cpu_times(0).is_some());
     }
 }

@@ -51,11 +51,7 @@ fn check(dir: &Path, overwrite: bool) -> anyhow::Result<()> {
 
 /// `20261201T093000Z`: sorts by time and needs no quoting in a path.
 fn timestamp() -> String {
-    let t = utc_now();
-    format!(
-        "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
-        t.year, t.month, t.day, t.hour, t.minute, t.second
-    )
+    utc_now().compact()
 }
 
 #[cfg(test)]
