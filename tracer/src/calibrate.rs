@@ -45,13 +45,13 @@
 use std::{
     fs::File,
     num::NonZeroU32,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::OwnedFd,
     path::PathBuf,
     sync::{Arc, Barrier},
     time::Instant,
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{Array, MapData, PerCpuArray, RingBuf},
@@ -59,6 +59,10 @@ use aya::{
         UProbe,
         uprobe::{UProbeLinkId, UProbeScope},
     },
+};
+use rustix::{
+    net::{self, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType},
+    thread::{self, CpuSet},
 };
 use serde_json::json;
 use tracer_ebpf::abi::{Config, LOSS_SLOT, Loss, kind};
@@ -446,12 +450,9 @@ pub fn run(plan: &Plan) -> anyhow::Result<Calibration> {
     let write_pair = syscalls::hooks(plan.syscalls, "write").map(Hook::Kernel);
     let syscall = probes.kind(&write_pair, &[kind::SYSCALL], &[], || {
         on_cpu(cpu, || {
-            let fd = dev_null.as_raw_fd();
-            let byte = 0u8;
             timed_chunks(WRITES, WRITE_CHUNK, || {
-                // SAFETY: a valid fd and a 1-byte buffer.
-                if unsafe { libc::write(fd, (&raw const byte).cast(), 1) } != 1 {
-                    return Err(std::io::Error::last_os_error()).context("write to /dev/null");
+                if rustix::io::write(&dev_null, &[0u8]).context("write to /dev/null")? != 1 {
+                    bail!("a short write to /dev/null");
                 }
                 Ok(())
             })
@@ -476,16 +477,14 @@ pub fn run(plan: &Plan) -> anyhow::Result<Calibration> {
         &socket_syscalls,
         || {
             on_cpu(cpu, || {
-                let (sender, receiver) = (sender.as_raw_fd(), receiver.as_raw_fd());
-                let mut byte = 0u8;
+                let mut byte = [0u8];
                 timed_chunks(SOCK_ROUND_TRIPS, SOCK_CHUNK, || {
-                    // SAFETY: valid fds and a 1-byte buffer.
-                    let sent = unsafe { libc::send(sender, (&raw const byte).cast(), 1, 0) };
-                    // SAFETY: as above; the byte just sent is there, so this does not block.
-                    let received = unsafe { libc::recv(receiver, (&raw mut byte).cast(), 1, 0) };
+                    let sent = net::send(&sender, &byte, SendFlags::empty());
+                    // The byte just sent is there, so this does not block.
+                    let received = net::recv(&receiver, &mut byte, RecvFlags::empty());
+                    let (sent, (received, _)) = (sent?, received?);
                     if sent != 1 || received != 1 {
-                        return Err(std::io::Error::last_os_error())
-                            .context("socketpair send/recv");
+                        bail!("socketpair send/recv moved {sent} and {received} bytes, not 1");
                     }
                     Ok(())
                 })
@@ -698,33 +697,18 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::pr
 
 /// The highest CPU this process may run on.
 fn calibration_cpu() -> anyhow::Result<usize> {
-    // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity fills it.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Err(std::io::Error::last_os_error()).context("sched_getaffinity");
-        }
-        set
-    };
-    // SAFETY: CPU_ISSET reads the set in bounds.
-    (0..libc::CPU_SETSIZE as usize)
+    let set = thread::sched_getaffinity(None).context("sched_getaffinity")?;
+    (0..CpuSet::MAX_CPU)
         .rev()
-        .find(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .find(|&cpu| set.is_set(cpu))
         .context("empty CPU affinity")
 }
 
 fn pin_current_thread(cpu: usize) -> anyhow::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET stays in bounds (cpu < CPU_SETSIZE).
-    let result = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set)
-    };
-    if result != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("pinning to CPU {cpu}"));
-    }
-    Ok(())
+    ensure!(cpu < CpuSet::MAX_CPU, "no CPU {cpu}");
+    let mut set = CpuSet::new();
+    set.set(cpu);
+    thread::sched_setaffinity(None, &set).with_context(|| format!("pinning to CPU {cpu}"))
 }
 
 /// Runs `work` on a fresh thread pinned to `cpu`, so the tracer's own threads stay unpinned.
@@ -746,21 +730,13 @@ fn on_cpu<T: Send>(
 /// A connected AF_UNIX stream pair: the sock tracepoints fire for every family, and unlike
 /// loopback TCP no softirq (deferred to ksoftirqd on a busy CPU) sits between send and receive.
 fn socket_pair() -> anyhow::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: fds has room for the two descriptors.
-    let result = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if result != 0 {
-        return Err(std::io::Error::last_os_error()).context("socketpair");
-    }
-    // SAFETY: both fds are new and ours.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .context("socketpair")
 }
 
 /// A connected loopback TCP pair, Nagle off so every 1-byte send goes out at once.
@@ -772,7 +748,7 @@ fn tcp_pair() -> anyhow::Result<(OwnedFd, OwnedFd)> {
     Ok((OwnedFd::from(sender), OwnedFd::from(receiver)))
 }
 
-/// Context switches (voluntary and not) of the calling thread so far.
+/// Context switches (voluntary and not) of the calling thread so far. rustix has no getrusage.
 fn thread_switches() -> u64 {
     // SAFETY: a zeroed rusage is valid; getrusage fills it.
     let usage = unsafe {
@@ -796,8 +772,7 @@ fn yield_pair(cpu: usize) -> anyhow::Result<Arm> {
             for _ in 0..YIELDS / YIELD_CHUNK {
                 let start = monotonic_ns();
                 for _ in 0..YIELD_CHUNK {
-                    // SAFETY: no preconditions.
-                    unsafe { libc::sched_yield() };
+                    thread::sched_yield();
                 }
                 chunk_ns.push(monotonic_ns() - start);
             }

@@ -157,6 +157,7 @@ impl Rebuild {
 /// first. Set once attached: calibration times itself, and a starved attach would let a
 /// short-lived target exit before it is traced.
 fn yield_cpu_to_others() -> anyhow::Result<()> {
+    // rustix has no sched_setscheduler.
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: plain syscall on this thread, with a valid sched_param.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {

@@ -16,7 +16,8 @@ use aya_obj::generated::{
 
 use super::hooks::Link;
 
-/// bpf(2) with `cmd` and `attr`: the non-negative result, or errno.
+/// bpf(2) with `cmd` and `attr`: the non-negative result, or errno. Through libc: rustix has
+/// no bpf(2).
 ///
 /// # Safety
 /// `attr` must be valid for `cmd`, and any pointer in it must point to memory that is valid

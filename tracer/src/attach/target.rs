@@ -62,7 +62,7 @@ impl Target {
         let exe_name = fs::read_link(&exe_link).unwrap_or_else(|_| exe_link.clone());
         let exe_fd: OwnedFd = fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_PATH)
+            .custom_flags(rustix::fs::OFlags::PATH.bits() as i32)
             .open(&exe_link)
             .with_context(|| format!("opening {}", exe_link.display()))?
             .into();
