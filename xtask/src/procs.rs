@@ -1,6 +1,7 @@
 //! The processes of a measurement session: release binaries built once, children pinned to
-//! CPUs with `taskset`, readiness checks, and kill-and-reap on drop so an error (or a dying
-//! xtask: see `PR_SET_PDEATHSIG` below) never leaves a gateway or upstream running.
+//! CPUs (a `taskset -c` list, applied with sched_setaffinity before exec), readiness checks, and
+//! stop-and-reap on drop so an error (or a dying xtask: `PR_SET_PDEATHSIG`) never leaves a
+//! gateway or upstream running. Each child is a [`testproc::Proc`], the fixture the tests use.
 
 use std::fs::File;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
@@ -231,7 +232,7 @@ pub struct TracerProc {
     out: Option<PathBuf>,
 }
 
-/// Starts the tracer with `args` (through sudo unless xtask is root, under `taskset -c cpus`
+/// Starts the tracer with `args` (through sudo unless xtask is root, on the CPUs of `cpus`
 /// when given), logging to `log_dir/tracer.log`, and waits for its `tracer: program ids` line:
 /// every program attached.
 pub fn start_tracer(
