@@ -430,22 +430,20 @@ mod tests {
 
     #[test]
     fn a_grandchild_is_found_by_name() {
-        let mut child = Command::new("sh")
+        let child = testproc::Spawn::new("sh", "sh")
             .args(["-c", "sh -c 'sleep 30' & wait"])
-            .spawn()
+            .start()
             .unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let found = loop {
-            if let Some(pid) = descendant_named(child.id(), "sleep") {
+            if let Some(pid) = descendant_named(child.pid(), "sleep") {
                 break pid;
             }
             assert!(std::time::Instant::now() < deadline, "no sleep under sh");
             std::thread::sleep(std::time::Duration::from_millis(10));
         };
-        assert_ne!(found, child.id());
-        assert_eq!(descendant_named(child.id(), "no-such-name"), None);
+        assert_ne!(found, child.pid());
+        assert_eq!(descendant_named(child.pid(), "no-such-name"), None);
         Runner::Root.kill(found, Signal::KILL).unwrap();
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }
