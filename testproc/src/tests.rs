@@ -156,6 +156,13 @@ fn aborting_parent() {
     if std::env::var_os(ABORT_ENV).is_none() {
         return;
     }
+    // No core file in the crate directory, whatever `ulimit -c` says.
+    let core = rustix::process::getrlimit(rustix::process::Resource::Core);
+    let none = rustix::process::Rlimit {
+        current: Some(0),
+        maximum: core.maximum,
+    };
+    rustix::process::setrlimit(rustix::process::Resource::Core, none).unwrap();
     let proc = Spawn::new("sleep", "sleep").arg("30").start().unwrap();
     println!("sleeper {}", proc.pid());
     std::io::stdout().flush().unwrap();
