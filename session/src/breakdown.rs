@@ -70,7 +70,7 @@ pub struct TailBand {
     pub threshold_us: f64,
     pub requests: u64,
     pub mean_overhead_us: f64,
-    pub parts: IndexMap<String, BandPart>,
+    pub parts: BandParts,
 }
 
 /// The requests around the median of overhead.
@@ -81,8 +81,11 @@ pub struct MedianBand {
     pub high_us: f64,
     pub requests: u64,
     pub mean_overhead_us: f64,
-    pub parts: IndexMap<String, BandPart>,
+    pub parts: BandParts,
 }
+
+/// A band's parts, in the tracer's order.
+pub type BandParts = IndexMap<String, BandPart>;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -262,7 +265,7 @@ impl Breakdown {
     }
 
     /// A part's share of the band's overhead, largest first (ties by name).
-    pub fn by_share(parts: &IndexMap<String, BandPart>) -> Vec<(&str, &BandPart)> {
+    pub fn by_share(parts: &BandParts) -> Vec<(&str, &BandPart)> {
         let mut rows: Vec<(&str, &BandPart)> = parts
             .iter()
             .filter(|(_, p)| p.share.is_some())
