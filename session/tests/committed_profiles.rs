@@ -73,6 +73,16 @@ fn pictures_and_probe_effect_parse() {
     for dir in sessions() {
         let pictures: Pictures = parse(&dir, session::pictures::FILE);
         assert!(pictures.requests > 0, "{}", dir.display());
+        // The tracer writes every key since 2026-12-02 (hardened): those files come back whole.
+        let text = read(&dir, session::pictures::FILE);
+        if text.contains("\"wait_all_of\"") {
+            let back = serde_json::to_string_pretty(&pictures).unwrap() + "\n";
+            assert!(
+                back == text,
+                "{}: pictures.json written back differs",
+                dir.display()
+            );
+        }
         if dir.join(session::effect::FILE).is_file() {
             let effect: ProbeEffect = parse(&dir, session::effect::FILE);
             assert_eq!(effect.windows.len() as u64, 2 * effect.windows_per_arm);
