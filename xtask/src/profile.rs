@@ -31,6 +31,7 @@ use crate::machine::Machine;
 use crate::procs::{
     self, Binaries, TracerProc, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
 };
+use crate::workspace::read_json;
 use crate::{flags, session_dir};
 
 /// Files the tracer must leave in the session directory.
@@ -220,11 +221,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ]),
                 Duration::from_secs(300),
             )?;
-            let json: serde_json::Value = serde_json::from_slice(&fs::read(&find_max)?)?;
-            let max = json["max_rate"]
-                .as_f64()
-                .context("find-max.json has no max_rate")?;
-            (max, "`loadgen --find-max` (find-max.json)".to_owned())
+            let found: session::loadgen::FindMax = read_json(&find_max)?;
+            (
+                found.max_rate,
+                "`loadgen --find-max` (find-max.json)".to_owned(),
+            )
         }
     };
     ensure!(

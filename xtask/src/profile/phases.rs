@@ -5,28 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde::Deserialize;
-use serde_json::Value;
-
-/// pictures.json's `phase_samples`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PhaseSamples {
-    pub sample_hz: Option<u64>,
-    pub tail: BandSamples,
-    pub median: BandSamples,
-    pub all: BandSamples,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BandSamples {
-    pub samples: u64,
-    /// Samples by phase name, in the tracer's phase order.
-    pub phases: BTreeMap<String, u64>,
-    pub outside: u64,
-    pub unresolved: u64,
-}
+use session::pictures::{BandPhases, PhaseCounts};
 
 /// The phases in request order (pictures.json's map is keyed by name).
 const PHASES: [&str; 9] = [
@@ -41,32 +20,25 @@ const PHASES: [&str; 9] = [
     "respond",
 ];
 
+/// A band's mean µs per part (breakdown.json), by part name.
+pub type Means = BTreeMap<String, f64>;
+
 /// One band's requests, for µs per request.
 pub struct Band<'a> {
     pub name: &'static str,
-    pub samples: &'a BandSamples,
+    pub samples: &'a PhaseCounts,
     pub requests: u64,
-    /// breakdown.json's view of the same band (`tail` or `median`), for the exact means.
-    pub exact: Option<&'a Value>,
+    /// breakdown.json's view of the same band, for the exact `cpu.<phase>` means.
+    pub exact: Option<Means>,
 }
 
-/// Reads `phase_samples` from pictures.json; `None` for a session written before it existed.
-pub fn read(pictures: &Value) -> anyhow::Result<Option<PhaseSamples>> {
-    match pictures.get("phase_samples") {
-        None => Ok(None),
-        Some(section) => Ok(Some(PhaseSamples::deserialize(section).map_err(|e| {
-            anyhow::anyhow!("pictures.json: phase_samples does not read: {e}")
-        })?)),
-    }
-}
-
-fn exact_mean_us(view: &Value, phase: &str) -> Option<f64> {
-    view["parts"][format!("cpu.{phase}")]["mean_us"].as_f64()
+fn exact_mean_us(means: &Means, phase: &str) -> Option<f64> {
+    means.get(&format!("cpu.{phase}")).copied()
 }
 
 /// The section: a row per phase, then the samples outside every phase frame and the
 /// unresolved ones. `exact`: the session traced the phase site.
-pub fn section(sampled: &PhaseSamples, bands: &[Band<'_>], exact: bool) -> String {
+pub fn section(sampled: &BandPhases, bands: &[Band<'_>], exact: bool) -> String {
     let mut md = String::new();
     let w = &mut md;
     let hz = sampled.sample_hz.unwrap_or(0);
@@ -124,7 +96,7 @@ pub fn section(sampled: &PhaseSamples, bands: &[Band<'_>], exact: bool) -> Strin
                 "–".to_owned()
             };
             let _ = write!(row, " {n} | {share} | {per_request} |");
-            if exact && let Some(view) = band.exact {
+            if exact && let Some(view) = &band.exact {
                 let exact = phase
                     .and_then(|p| exact_mean_us(view, p))
                     .map_or("–".to_owned(), |us| format!("{us:.1}"));
@@ -137,7 +109,7 @@ pub fn section(sampled: &PhaseSamples, bands: &[Band<'_>], exact: bool) -> Strin
 }
 
 /// The Reading's point on phases: the band's largest sampled phase, or why there is none.
-pub fn reading(sampled: &PhaseSamples, tail_requests: u64) -> String {
+pub fn reading(sampled: &BandPhases, tail_requests: u64) -> String {
     let tail = &sampled.tail;
     let top = PHASES
         .iter()
@@ -162,29 +134,35 @@ pub fn reading(sampled: &PhaseSamples, tail_requests: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
-    fn band(samples: u64, upstream: u64, auth: u64, outside: u64) -> Value {
-        json!({ "samples": samples, "phases": { "upstream": upstream, "auth": auth },
-                "outside": outside, "unresolved": samples - upstream - auth - outside })
+    fn band(samples: u64, upstream: u64, auth: u64, outside: u64) -> PhaseCounts {
+        PhaseCounts {
+            samples,
+            phases: BTreeMap::from([("upstream".to_owned(), upstream), ("auth".to_owned(), auth)]),
+            outside,
+            unresolved: samples - upstream - auth - outside,
+        }
     }
 
-    fn pictures() -> Value {
-        json!({ "phase_samples": { "sample_hz": 1000, "tail": band(10, 6, 1, 2),
-                "median": band(20, 10, 5, 4), "all": band(100, 50, 20, 20) } })
+    fn sampled() -> BandPhases {
+        BandPhases {
+            sample_hz: Some(1000),
+            tail: band(10, 6, 1, 2),
+            median: band(20, 10, 5, 4),
+            all: band(100, 50, 20, 20),
+        }
     }
 
     #[test]
     fn samples_turn_into_shares_and_time_per_request() {
-        let sampled = read(&pictures()).unwrap().unwrap();
-        let breakdown_tail = json!({ "parts": { "cpu.upstream": { "mean_us": 123.4 } } });
+        let sampled = sampled();
         let text = section(
             &sampled,
             &[Band {
                 name: "tail",
                 samples: &sampled.tail,
                 requests: 2,
-                exact: Some(&breakdown_tail),
+                exact: Some(Means::from([("cpu.upstream".to_owned(), 123.4)])),
             }],
             true,
         );
@@ -202,13 +180,5 @@ mod tests {
             "{text}"
         );
         assert!(reading(&sampled, 2).contains("largest phase is **upstream**: 60%"));
-    }
-
-    #[test]
-    fn a_renamed_key_is_an_error_and_an_old_session_has_no_section() {
-        let mut renamed = pictures();
-        renamed["phase_samples"]["tail"]["outside_frames"] = json!(1);
-        assert!(read(&renamed).is_err());
-        assert!(read(&json!({ "requests": 1 })).unwrap().is_none());
     }
 }
