@@ -123,7 +123,10 @@ fn rate(text: &str) -> Result<f64, String> {
     }
 }
 
-/// What the README needs to say about how the session ran.
+/// What the README needs to say about how the session ran, beside the session's own files:
+/// written as profile.json, so the README can be rendered again from the directory alone.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SessionFacts {
     pub command: String,
     pub load: f64,
@@ -137,20 +140,17 @@ pub struct SessionFacts {
     pub target_rate: f64,
     pub pinning: Vec<(String, String, String)>,
     pub machine: Machine,
-    /// `--compare`: the earlier session's tail and the link to its README.
-    pub compare: Option<(compare::TailFacts, String)>,
+    /// `--compare`: the link to the earlier session's README, relative to this one (its
+    /// tail is read from the files beside it).
+    pub compare: Option<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Read before anything runs, so a bad --compare costs nothing.
-    let earlier = args
-        .compare
-        .as_deref()
-        .map(|dir| {
-            compare::TailFacts::read(dir)
-                .with_context(|| format!("--compare {}: not a session directory", dir.display()))
-        })
-        .transpose()?;
+    if let Some(dir) = &args.compare {
+        compare::TailFacts::read(dir)
+            .with_context(|| format!("--compare {}: not a session directory", dir.display()))?;
+    }
     crate::privilege::Runner::detect().authorize("cargo xtask profile")?;
     // `cargo build -p tracer` below needs the eBPF toolchain; a fresh machine gets it here.
     crate::setup::ensure()?;
@@ -370,9 +370,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         target_rate,
         pinning,
         machine,
-        compare: earlier
-            .zip(args.compare.as_deref())
-            .map(|(facts, dir)| (facts, relative_link(&out, &dir.join("README.md")))),
+        compare: (args.compare.as_deref()).map(|dir| relative_link(&out, &dir.join("README.md"))),
     };
     let readme = readme::write(&out, &facts)?;
     compress_requests_csv(&out)?;

@@ -16,6 +16,7 @@ use session::stats::nearest_rank;
 use session::targets::{GATE_P99_ADDED_US, PROBE_EFFECT_RATIO};
 
 use super::SessionFacts;
+use super::compare::TailFacts;
 use super::phases;
 use crate::workspace::read_json;
 
@@ -58,10 +59,18 @@ pub struct Files {
 }
 
 impl Files {
+    /// Reads requests.csv, or the requests.csv.gz a finished session keeps.
     pub fn read(dir: &Path) -> anyhow::Result<Files> {
-        let csv = fs::File::open(dir.join(session::requests::REQUESTS_CSV))
-            .context("reading requests.csv")?;
-        let overheads = overheads(std::io::BufReader::new(csv))?;
+        let csv = dir.join(session::requests::REQUESTS_CSV);
+        let overheads = match fs::File::open(&csv) {
+            Ok(file) => overheads(std::io::BufReader::new(file))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let gz = fs::File::open(csv.with_extension("csv.gz"))
+                    .context("reading requests.csv or requests.csv.gz")?;
+                overheads(flate2::read::GzDecoder::new(std::io::BufReader::new(gz)))?
+            }
+            Err(e) => return Err(e).context("reading requests.csv"),
+        };
         ensure!(
             !overheads.overhead.is_empty(),
             "requests.csv has no complete request"
@@ -76,12 +85,30 @@ impl Files {
     }
 }
 
-/// Writes `dir/README.md` and returns its path.
+/// What `cargo xtask profile` knew of the run (`SessionFacts`), beside the session's files.
+pub const FACTS_JSON: &str = "profile.json";
+
+/// Writes `dir/profile.json` and `dir/README.md`, and returns the README's path.
 pub fn write(dir: &Path, facts: &SessionFacts) -> anyhow::Result<PathBuf> {
-    let text = render(facts, &Files::read(dir)?);
+    let mut json = serde_json::to_string_pretty(facts)?;
+    json.push('\n');
+    fs::write(dir.join(FACTS_JSON), json)?;
+    let text = render(facts, &Files::read(dir)?, &compared(dir, facts)?);
     let path = dir.join("README.md");
     fs::write(&path, text)?;
     Ok(path)
+}
+
+/// `--compare`: the earlier session's tail, read from the directory its README link names.
+fn compared(dir: &Path, facts: &SessionFacts) -> anyhow::Result<Option<TailFacts>> {
+    let Some(link) = &facts.compare else {
+        return Ok(None);
+    };
+    let earlier = dir.join(link);
+    let earlier = earlier.parent().unwrap_or(&earlier);
+    TailFacts::read(earlier)
+        .map(Some)
+        .with_context(|| format!("the compared session {}", earlier.display()))
 }
 
 /// `412` or `41.2`; a missing figure is "–".
@@ -241,7 +268,7 @@ fn cost_and_loss(breakdown: &Breakdown) -> String {
     md
 }
 
-fn render(facts: &SessionFacts, files: &Files) -> String {
+fn render(facts: &SessionFacts, files: &Files, compared: &Option<TailFacts>) -> String {
     let Files {
         breakdown,
         loadgen,
@@ -511,8 +538,8 @@ fn render(facts: &SessionFacts, files: &Files) -> String {
     if let Some(sampled) = &pictures.phase_samples {
         let _ = writeln!(w, "- {}", phases::reading(sampled, pictures.tail.requests));
     }
-    if let Some((then, link)) = &facts.compare {
-        let now = super::compare::TailFacts::new(breakdown, pictures);
+    if let (Some(then), Some(link)) = (compared, &facts.compare) {
+        let now = TailFacts::new(breakdown, pictures);
         let _ = writeln!(w, "- {}", super::compare::reading(&now, then, link));
     }
     let gate = GATE_P99_ADDED_US.verdict(Some(nf99));
@@ -726,6 +753,53 @@ pub(crate) mod tests {
     }
 
     const SESSION: &str = "2026-12-02-25pct-0ms-hardened";
+
+    /// The README of a recorded session, from its files alone (profile.json included).
+    fn rerender(dir: &Path) -> anyhow::Result<String> {
+        let facts: SessionFacts = read_json(&dir.join(FACTS_JSON))?;
+        Ok(render(&facts, &Files::read(dir)?, &compared(dir, &facts)?))
+    }
+
+    #[test]
+    fn a_written_session_renders_again_from_its_directory() {
+        let recorded = crate::workspace::root().join("profiles").join(SESSION);
+        let root = tempfile::tempdir().unwrap();
+        let (dir, then) = (root.path().join("now"), root.path().join("then"));
+        fs::create_dir(&dir).unwrap();
+        fs::create_dir(&then).unwrap();
+        for file in [
+            "breakdown.json",
+            "loadgen.json",
+            "pictures.json",
+            "probe-effect.json",
+            "requests.csv.gz",
+        ] {
+            fs::copy(recorded.join(file), dir.join(file)).unwrap();
+        }
+        for file in ["breakdown.json", "pictures.json"] {
+            fs::copy(recorded.join(file), then.join(file)).unwrap();
+        }
+        let facts = SessionFacts {
+            command: "cargo xtask profile --load 0.25".to_owned(),
+            load: 0.25,
+            delay_ms: 0,
+            duration_s: 30.0,
+            warmup_s: 3.0,
+            workers: 1,
+            connections: 128,
+            max_rate: 16158.1,
+            max_rate_source: "--max-rate".to_owned(),
+            target_rate: 0.25 * 16158.1,
+            pinning: vec![("gateway".to_owned(), "0".to_owned(), "0".to_owned())],
+            machine: crate::machine::Machine::collect(),
+            compare: Some("../then/README.md".to_owned()),
+        };
+        let readme = write(&dir, &facts).unwrap();
+        let text = fs::read_to_string(readme).unwrap();
+        assert!(text.contains("Against the earlier session"), "{text}");
+        assert!(dir.join(FACTS_JSON).is_file());
+        assert_eq!(rerender(&dir).unwrap(), text);
+    }
 
     fn wait(unknown_ns: u64) -> Wait {
         let holder = |holder: &str, ns| Holder {
