@@ -760,6 +760,52 @@ pub(crate) mod tests {
         Ok(render(&facts, &Files::read(dir)?, &compared(dir, &facts)?))
     }
 
+    /// Golden: every recorded profile session's README is what its files render to, byte for
+    /// byte. A changed renderer shows here; `BLESS=1` writes the new renders, for review as a
+    /// diff of the recorded READMEs.
+    #[test]
+    fn every_recorded_session_readme_renders_from_the_files_beside_it() {
+        let root = crate::workspace::root().join("profiles");
+        let (mut rendered, mut differs) = (0, Vec::new());
+        let mut dirs: Vec<PathBuf> = fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.join(session::breakdown::FILE).is_file())
+            .collect();
+        dirs.sort();
+        for dir in dirs {
+            let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+            if !dir.join(PROBE_EFFECT_JSON).is_file() {
+                // The 2026-12-01 sessions were recorded before a session measured its own
+                // probe effect; the renderer needs that file, so their READMEs stay as
+                // written then.
+                assert!(
+                    name.starts_with("2026-12-01-"),
+                    "{name} has no {PROBE_EFFECT_JSON}"
+                );
+                continue;
+            }
+            let text = rerender(&dir).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            let recorded = fs::read_to_string(dir.join("README.md")).unwrap();
+            if text != recorded && std::env::var_os("BLESS").is_some() {
+                fs::write(dir.join("README.md"), &text).unwrap();
+            } else if text != recorded {
+                let line = (text.lines().zip(recorded.lines()))
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(text.lines().count().min(recorded.lines().count()));
+                differs.push(format!(
+                    "{name}/README.md differs from its render at line {}:\nrecorded: {:?}\nrendered: {:?}",
+                    line + 1,
+                    recorded.lines().nth(line),
+                    text.lines().nth(line)
+                ));
+            }
+            rendered += 1;
+        }
+        assert!(differs.is_empty(), "{}", differs.join("\n"));
+        assert!(rendered >= 8, "sessions rendered: {rendered}");
+    }
+
     #[test]
     fn a_written_session_renders_again_from_its_directory() {
         let recorded = crate::workspace::root().join("profiles").join(SESSION);
