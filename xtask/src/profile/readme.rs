@@ -2,6 +2,7 @@
 //! requests.csv, loadgen.json, pictures.json, probe-effect.json), read through the model
 //! (`session`): every figure in it can be recomputed from them, and a renamed key is an error.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -156,116 +157,114 @@ fn overload_warning(loadgen: &Loadgen, target_rate: f64) -> Option<String> {
     })
 }
 
-/// `site 410 ns, sock unmeasured`: a kind calibration could not measure is null (or, in a
-/// session recorded before that, a figure at or below zero).
-fn ns_by_kind(costs: &std::collections::BTreeMap<String, Option<f64>>) -> String {
-    costs
-        .iter()
-        .map(|(kind, ns)| match ns {
-            Some(ns) if *ns > 0.0 => format!("{kind} {} ns", num(Some(*ns))),
-            _ => format!("{kind} unmeasured"),
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+/// Figures as the README writes them, for the templates.
+trait Figures {
+    /// [`num`] of a figure the template has (by value or through references).
+    fn num(&self, value: impl Figure) -> String {
+        num(Some(value.get()))
+    }
+
+    /// [`num`], "–" for a missing figure.
+    fn opt(&self, value: &Option<f64>) -> String {
+        num(*value)
+    }
+}
+
+/// An `f64` however many references the template's bindings put around it.
+trait Figure {
+    fn get(&self) -> f64;
+}
+
+impl Figure for f64 {
+    fn get(&self) -> f64 {
+        *self
+    }
+}
+
+impl<T: Figure + ?Sized> Figure for &T {
+    fn get(&self) -> f64 {
+        (**self).get()
+    }
+}
+
+/// Each kind's figure, `None` where calibration could not measure it: null, or (in a session
+/// recorded before that) a figure at or below zero.
+fn measured_kinds(costs: &BTreeMap<String, Option<f64>>) -> Vec<(&str, Option<f64>)> {
+    (costs.iter())
+        .map(|(kind, ns)| (kind.as_str(), ns.filter(|ns| *ns > 0.0)))
+        .collect()
 }
 
 /// "Tracer cost and loss": what the tracer lost and what it cost, all from breakdown.json
 /// (`lost_events`, `incomplete`, `calibration`, `hits_per_request`, `cost`). Loss comes first
 /// and is flagged when non-zero.
-fn cost_and_loss(breakdown: &Breakdown) -> String {
-    let mut md = String::new();
-    let w = &mut md;
-    let _ = writeln!(w, "\n## Tracer cost and loss (breakdown.json)\n");
-    let (lost, incomplete) = (breakdown.lost_events, breakdown.incomplete);
-    if lost > 0 || incomplete > 0 {
-        let _ = writeln!(
-            w,
-            "- **WARNING: {lost} lost events, {incomplete} incomplete requests** (reasons: {}). \
-             Incomplete requests are counted, never attributed: every figure above covers the {} \
-             complete requests only.",
-            quoted(&breakdown.incomplete_reasons),
-            breakdown.requests
-        );
-    } else {
-        let _ = writeln!(w, "- Loss: 0 lost events, 0 incomplete requests.");
-    }
-    let h = &breakdown.hits_per_request;
-    let _ = writeln!(
-        w,
-        "- Hits per complete request: sites {:.2}, syscalls {:.2}, sock {:.2}, sched {:.2}, samples {:.2}.",
-        h.sites, h.syscalls, h.sock, h.sched, h.samples
-    );
-    if let Some(calibration) = &breakdown.calibration {
-        let noisy = if calibration.noisy.is_empty() {
-            String::new()
-        } else {
-            format!(" (noisy: {})", quoted(&calibration.noisy))
-        };
-        let left_out = match &calibration.unmeasured {
-            Some(kinds) if !kinds.is_empty() => {
-                format!("; left out, unmeasured: {}", kinds.join(", "))
-            }
-            _ => String::new(),
-        };
-        let _ = writeln!(
-            w,
-            "- Probe cost, calibrated on CPU {} before attaching: {} per hit{noisy}; \
-             × the hits above = **{} ns of probe time per request** (by kind: {}{left_out}).",
-            calibration.cpu,
-            ns_by_kind(&calibration.ns_per_hit),
-            num(Some(calibration.probe_ns_per_request)),
-            ns_by_kind(&calibration.probe_ns_per_request_by_kind)
-        );
-    } else {
-        let _ = writeln!(
-            w,
-            "- Probe cost: not calibrated in this session (no `calibration` section)."
-        );
-    }
-    let cost = breakdown.cost.as_ref();
-    match cost.and_then(|c| c.bpf.as_ref()) {
-        Some(bpf) if breakdown.requests > 0 => {
-            let run_ns = bpf.total_run_time_ns as f64;
-            let _ = writeln!(
-                w,
-                "- BPF run time: {} ns per complete request ({:.1} ms over {} program runs, {:.1}% \
-                 of one CPU over the session).",
-                num(Some(run_ns / breakdown.requests as f64)),
-                run_ns / 1e6,
-                bpf.total_run_count,
-                bpf.cpu_share.unwrap_or(f64::NAN) * 100.0,
-            );
-        }
-        _ => {
-            let _ = writeln!(
-                w,
-                "- BPF run time: not measured (bpf_stats: {}).",
-                cost.map_or("no `cost` section", |c| c.bpf_stats.as_str())
-            );
-        }
-    }
+#[derive(askama::Template)]
+#[template(path = "profile/cost_and_loss.md", escape = "none")]
+struct CostAndLoss<'a> {
+    b: &'a Breakdown,
+    reasons: String,
+    per_hit: Vec<(&'a str, Option<f64>)>,
+    by_kind: Vec<(&'a str, Option<f64>)>,
+    noisy: String,
+    left_out: &'a [String],
+    bpf: Option<BpfRunTime>,
+    bpf_stats: &'a str,
+    cpu_session_s: Option<f64>,
+    cpu_user_s: Option<f64>,
+    cpu_system_s: Option<f64>,
+    /// NaN when unknown, as the README has always said it.
+    peak_rss_mib: f64,
+}
+
+impl Figures for CostAndLoss<'_> {}
+
+struct BpfRunTime {
+    per_request_ns: f64,
+    run_ms: f64,
+    runs: u64,
+    /// NaN when unknown.
+    cpu_share: f64,
+}
+
+fn cost_and_loss(b: &Breakdown) -> String {
+    use askama::Template as _;
+    let calibration = b.calibration.as_ref();
+    let cost = b.cost.as_ref();
     let tracer = cost.map(|c| &c.tracer);
-    let own = breakdown.tracer.as_ref();
-    let _ = writeln!(
-        w,
-        "- The tracer process: {} s CPU during the session ({} s user + {} s system in all), \
-         peak RSS {:.1} MiB.",
-        num(tracer.map(|t| t.cpu_session_s)),
-        num(tracer.map(|t| t.cpu_user_s).or(own.map(|t| t.cpu_user_s))),
-        num(tracer
+    let own = b.tracer.as_ref();
+    CostAndLoss {
+        b,
+        reasons: quoted(&b.incomplete_reasons),
+        per_hit: calibration.map_or_else(Vec::new, |c| measured_kinds(&c.ns_per_hit)),
+        by_kind: calibration.map_or_else(Vec::new, |c| {
+            measured_kinds(&c.probe_ns_per_request_by_kind)
+        }),
+        noisy: calibration.map_or_else(String::new, |c| quoted(&c.noisy)),
+        left_out: calibration
+            .and_then(|c| c.unmeasured.as_deref())
+            .unwrap_or_default(),
+        bpf: cost
+            .and_then(|c| c.bpf.as_ref())
+            .filter(|_| b.requests > 0)
+            .map(|bpf| BpfRunTime {
+                per_request_ns: bpf.total_run_time_ns as f64 / b.requests as f64,
+                run_ms: bpf.total_run_time_ns as f64 / 1e6,
+                runs: bpf.total_run_count,
+                cpu_share: bpf.cpu_share.unwrap_or(f64::NAN),
+            }),
+        bpf_stats: cost.map_or("no `cost` section", |c| c.bpf_stats.as_str()),
+        cpu_session_s: tracer.map(|t| t.cpu_session_s),
+        cpu_user_s: tracer.map(|t| t.cpu_user_s).or(own.map(|t| t.cpu_user_s)),
+        cpu_system_s: tracer
             .map(|t| t.cpu_system_s)
-            .or(own.map(|t| t.cpu_system_s))),
-        tracer
+            .or(own.map(|t| t.cpu_system_s)),
+        peak_rss_mib: tracer
             .and_then(|t| t.peak_rss_kib)
             .map_or(f64::NAN, |kib| kib as f64)
-            / 1024.0
-    );
-    let _ = writeln!(
-        w,
-        "- Probe effect on the gateway's latency and CPU (traced vs untraced windows): \
-         `cargo xtask validate`, recorded in profiles/validation-*/."
-    );
-    md
+            / 1024.0,
+    }
+    .render()
+    .expect("the cost and loss template renders")
 }
 
 /// The README: `templates/profile/README.md` over the session's files and the figures and
@@ -309,12 +308,7 @@ struct Readme<'a> {
     gate_ms: f64,
 }
 
-impl Readme<'_> {
-    /// [`num`] of a figure the template has (by value or by reference).
-    fn num(&self, value: impl std::borrow::Borrow<f64>) -> String {
-        num(Some(*value.borrow()))
-    }
-}
+impl Figures for Readme<'_> {}
 
 #[derive(Clone)]
 struct TailRow {
