@@ -3,7 +3,6 @@
 //! (`session`): every figure in it can be recomputed from them, and a renamed key is an error.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -466,142 +465,96 @@ const COVER_TOLERANCE: f64 = 0.05;
 
 /// "While the tail waited": pictures.json's `wait` section as two tables, what held the CPU
 /// during the tail's `scheduling` and what the writer did during its receipt wait.
-fn wait_tables(wait: Option<&Wait>, wait_all: Option<&Wait>, tail_requests: u64) -> String {
-    let mut md = String::new();
-    let w = &mut md;
-    let Some(wait) = wait else {
-        let _ = writeln!(
-            w,
-            "\n## While the tail waited, the CPU ran\n\npictures.json has no `wait` section: the session ran without `--wait-for` (or before the view existed)."
-        );
-        return md;
-    };
-    let scheduling = wait.scheduling_ns as f64;
-    let holders = &wait.holders;
-    let per_request = if tail_requests > 0 {
-        tail_requests as f64
-    } else {
-        1.0
-    };
-    let _ = writeln!(
-        w,
-        "\n## While the tail waited, the CPU ran\n\nThe {tail_requests} tail requests were ready but not running (`scheduling`) for {:.2} ms in all. \
-         Each such interval is charged to what ran on the CPU they waited for ([tail-wait.svg](tail-wait.svg), pictures.json `wait`):\n",
-        scheduling / 1e6
-    );
-    let _ = writeln!(
-        w,
-        "| holder | ms | share of the tail's scheduling | µs per tail request |\n|---|---|---|---|"
-    );
-    let share = |x: f64| {
-        if scheduling > 0.0 {
-            format!("{:.1}%", x / scheduling * 100.0)
+#[derive(askama::Template)]
+#[template(path = "profile/wait.md", escape = "none")]
+struct WaitTables<'a> {
+    wait: Option<&'a Wait>,
+    wait_all: Option<&'a Wait>,
+    tail_requests: u64,
+    /// The top holders, then the rest summed, then the total charged; ns.
+    holders: Vec<HolderRow>,
+    scheduling: f64,
+    per_request: f64,
+    uncovered: f64,
+    not_charged: f64,
+    /// Whether more than [`COVER_TOLERANCE`] of the tail's scheduling has no known holder.
+    uncovered_flagged: bool,
+    tolerance: f64,
+    uncharged: Option<u64>,
+    /// `wait_all.requests`; sessions before 2026-12-02 lack it and the README said null.
+    all_requests: String,
+    all_total: f64,
+    /// Some holder is `idle`.
+    idle: bool,
+    /// The receipt wait's top rows.
+    receipt: &'a [session::pictures::ReceiptHolder],
+}
+
+struct HolderRow {
+    name: String,
+    ns: f64,
+}
+
+impl WaitTables<'_> {
+    /// `x` as a share of `of`, "–" when `of` is zero.
+    fn share(&self, x: &f64, of: &f64) -> String {
+        if *of > 0.0 {
+            format!("{:.1}%", x / of * 100.0)
         } else {
             "–".to_owned()
         }
-    };
-    let row = |w: &mut String, name: &str, x: f64| {
-        let _ = writeln!(
-            w,
-            "| {name} | {:.3} | {} | {:.1} |",
-            x / 1e6,
-            share(x),
-            x / 1e3 / per_request
-        );
-    };
-    for h in holders.iter().take(TOP_HOLDERS) {
-        row(w, &h.holder, h.ns as f64);
     }
-    if holders.len() > TOP_HOLDERS {
-        let rest: f64 = holders[TOP_HOLDERS..].iter().map(|h| h.ns as f64).sum();
-        row(
-            w,
-            &format!("{} other holders", holders.len() - TOP_HOLDERS),
-            rest,
-        );
-    }
-    let charged = wait.charged_ns as f64;
-    row(w, "**total charged**", charged);
-    let unknown = wait.unknown_ns as f64;
-    let uncovered = (scheduling - charged).abs() + unknown;
-    if scheduling > 0.0 && uncovered / scheduling > COVER_TOLERANCE {
-        let _ = writeln!(
-            w,
-            "\n**Uncovered: {:.3} ms ({}) of the tail's scheduling** has no known holder: {:.3} ms on a CPU with no switch seen yet (`[cpu not seen]`), {:.3} ms not charged at all.",
-            uncovered / 1e6,
-            share(uncovered),
-            unknown / 1e6,
-            (scheduling - charged).abs() / 1e6
-        );
-    } else {
-        let _ = writeln!(
-            w,
-            "\nThe holders cover the tail's scheduling to within {:.0}% ({} has no known holder).",
-            COVER_TOLERANCE * 100.0,
-            share(uncovered)
-        );
-    }
-    if let Some(n) = wait.uncharged_requests.filter(|n| *n > 0) {
-        let _ = writeln!(
-            w,
-            "**{n} tail requests had no waits charged** (the tracer charges a request's waits only when its overhead reaches the running p95, or it is in the uniform sample): they are left out of the figures above."
-        );
-    }
-    if let Some(all) = wait_all.filter(|all| !all.holders.is_empty()) {
-        let total = all.scheduling_ns as f64;
-        let top: Vec<String> = (all.holders.iter().take(3))
-            .map(|h| format!("{} {:.1}%", h.holder, h.ns as f64 / total.max(1.0) * 100.0))
-            .collect();
-        let _ = writeln!(
-            w,
-            "Over a uniform sample of complete requests ({} requests, {:.2} ms of scheduling, pictures.json `wait_all`), the largest holders: {}.",
-            // Sessions before 2026-12-02 lack the count; the README said null then.
-            all.requests.map_or("null".to_owned(), |n| n.to_string()),
-            total / 1e6,
-            top.join(", ")
-        );
-    }
-    let all_holders = wait_all.into_iter().flat_map(|all| &all.holders);
-    if holders
-        .iter()
-        .chain(all_holders)
-        .any(|h| h.holder.starts_with("idle"))
-    {
-        let _ = writeln!(
-            w,
-            "`idle` means nothing ran while the request was ready: that wait had another cause (wakeup latency), not a busy CPU."
-        );
-    }
+}
 
-    if !wait.receipt.is_empty() {
-        let total = wait.receipt_ns as f64;
-        let _ = writeln!(
-            w,
-            "\n### While the tail waited for its receipt, the writer\n\nThe tail's receipt wait ({:.2} ms: `ledger_fsync`, `signing`, `ledger_other`) by what the ledger writer did; \
-             in `ledger_other`, a writer waiting for the CPU is charged to what held it:\n",
-            total / 1e6
-        );
-        let _ = writeln!(
-            w,
-            "| part | writer / holder | ms | share of the receipt wait |\n|---|---|---|---|"
-        );
-        for r in wait.receipt.iter().take(TOP_HOLDERS) {
-            let x = r.ns as f64;
-            let _ = writeln!(
-                w,
-                "| {} | {} | {:.3} | {} |",
-                r.part,
-                r.holder,
-                x / 1e6,
-                if total > 0.0 {
-                    format!("{:.1}%", x / total * 100.0)
-                } else {
-                    "–".to_owned()
-                }
-            );
-        }
+fn wait_tables(wait: Option<&Wait>, wait_all: Option<&Wait>, tail_requests: u64) -> String {
+    use askama::Template as _;
+    let scheduling = wait.map_or(0.0, |w| w.scheduling_ns as f64);
+    let charged = wait.map_or(0.0, |w| w.charged_ns as f64);
+    let unknown = wait.map_or(0.0, |w| w.unknown_ns as f64);
+    let holders = wait.map_or(&[][..], |w| &w.holders);
+    let mut rows: Vec<HolderRow> = (holders.iter().take(TOP_HOLDERS))
+        .map(|h| HolderRow {
+            name: h.holder.clone(),
+            ns: h.ns as f64,
+        })
+        .collect();
+    if holders.len() > TOP_HOLDERS {
+        rows.push(HolderRow {
+            name: format!("{} other holders", holders.len() - TOP_HOLDERS),
+            ns: holders[TOP_HOLDERS..].iter().map(|h| h.ns as f64).sum(),
+        });
     }
-    md
+    rows.push(HolderRow {
+        name: "**total charged**".to_owned(),
+        ns: charged,
+    });
+    let uncovered = (scheduling - charged).abs() + unknown;
+    let wait_all = wait_all.filter(|all| !all.holders.is_empty());
+    let all_holders = wait_all.into_iter().flat_map(|all| &all.holders);
+    WaitTables {
+        wait,
+        tail_requests,
+        holders: rows,
+        scheduling,
+        per_request: if tail_requests > 0 {
+            tail_requests as f64
+        } else {
+            1.0
+        },
+        uncovered,
+        not_charged: (scheduling - charged).abs(),
+        uncovered_flagged: scheduling > 0.0 && uncovered / scheduling > COVER_TOLERANCE,
+        tolerance: COVER_TOLERANCE,
+        uncharged: wait.and_then(|w| w.uncharged_requests).filter(|n| *n > 0),
+        all_requests: (wait_all.and_then(|all| all.requests))
+            .map_or("null".to_owned(), |n| n.to_string()),
+        all_total: wait_all.map_or(1.0, |all| (all.scheduling_ns as f64).max(1.0)),
+        idle: (holders.iter().chain(all_holders)).any(|h| h.holder.starts_with("idle")),
+        wait_all,
+        receipt: wait.map_or(&[][..], |w| &w.receipt[..w.receipt.len().min(TOP_HOLDERS)]),
+    }
+    .render()
+    .expect("the wait template renders")
 }
 
 #[cfg(test)]
