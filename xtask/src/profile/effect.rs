@@ -3,121 +3,86 @@
 //! them. The verdicts are the model's (`ProbeEffect::over_budget`, against
 //! `session::targets::PROBE_EFFECT_RATIO`); this only words them.
 
-use std::fmt::Write as _;
+use askama::Template as _;
+use session::effect::{Metric, ProbeEffect, Ratio, Spread};
 
-use session::effect::{ProbeEffect, Spread};
+/// Formatting the templates share.
+trait Words {
+    /// `×1.03 (0.97–1.10)`, or "unmeasured".
+    fn spread(&self, s: &Spread) -> String {
+        match (s.median, s.min, s.max) {
+            (Some(m), Some(lo), Some(hi)) => format!("×{m:.2} ({lo:.2}–{hi:.2})"),
+            _ => "unmeasured".to_owned(),
+        }
+    }
+
+    /// `x` to `digits` decimals, "–" when missing.
+    fn opt(&self, x: &Option<f64>, digits: usize) -> String {
+        x.map_or("–".to_owned(), |x| format!("{x:.digits$}"))
+    }
+}
 
 /// The WARNING the README opens with when the effect is over budget.
-pub fn warning(effect: &ProbeEffect) -> Option<String> {
-    let over = effect.over_budget();
-    (!over.is_empty()).then(|| {
-        let list: Vec<String> = over
-            .iter()
-            .map(|(name, ratio)| match ratio {
-                Some(x) => format!("{name} ×{x:.2}"),
-                None => format!("{name} (not measured)"),
-            })
-            .collect();
-        format!(
-            "**WARNING: this session's tracer exceeds the ×{:.2} probe-effect budget**: \
-             {}. The traced figures below describe the gateway with the tracer's cost in \
-             them; the Reading compares the traced tail with the untraced client tail first.",
-            ProbeEffect::BUDGET.limit(),
-            list.join(", ")
-        )
-    })
+#[derive(askama::Template)]
+#[template(path = "profile/effect_warning.md", escape = "none")]
+struct Warning {
+    budget: f64,
+    /// The ratios that do not meet it, with their figure (none: unmeasured).
+    over: Vec<(&'static str, Option<f64>)>,
 }
 
 /// The one-paragraph **Probe effect** line at the top of the README.
-pub fn line(effect: &ProbeEffect) -> String {
-    let c = &effect.comparison;
-    let ratios: Vec<String> = effect
-        .ratios()
-        .iter()
-        .map(|r| format!("{} {}", r.name, spread(&r.metric.paired_ratio)))
-        .collect();
-    format!(
-        "**Probe effect** (traced/untraced, median of {} window pairs (min–max); {} traced \
-         and {} untraced windows of {} s of the session's own open loop, in flipping \
-         pairs, the tracer attached with the session's flags `{}` in the traced ones only; \
-         probe-effect.json): {}; tracer process {} of a core (median of the traced \
-         windows); {} events lost in the traced windows.",
-        c.pairs,
-        c.traced_windows,
-        c.untraced_windows,
-        effect.window_s,
-        effect.tracer_flags.join(" "),
-        ratios.join(", "),
-        effect
-            .tracer_cores()
-            .map_or("unmeasured".to_owned(), |x| format!("{x:.3}")),
-        effect.lost_events(),
-    )
+#[derive(askama::Template)]
+#[template(path = "profile/effect_line.md", escape = "none")]
+struct Line<'a> {
+    e: &'a ProbeEffect,
+    c: &'a session::effect::Comparison,
+    ratios: [Ratio<'a>; 4],
 }
+
+impl Words for Line<'_> {}
 
 /// The ratios per metric, then the windows one by one, for the README's probe-effect
 /// section.
-pub fn table(effect: &ProbeEffect) -> String {
-    let mut md = String::new();
-    let opt2 = |x: Option<f64>| x.map_or("–".to_owned(), |x| format!("{x:.3}"));
-    let _ = writeln!(
-        md,
-        "{} windows per arm. Values: median over an arm's windows; the paired ratio is traced/untraced of neighbouring windows, median (min–max).\n",
-        effect.windows_per_arm
-    );
-    let _ = writeln!(
-        md,
-        "| metric | untraced | traced | ratio of medians | paired ratio |\n|---|---|---|---|---|"
-    );
-    let m = &effect.comparison.metrics;
-    for (name, metric) in effect
-        .ratios()
-        .iter()
-        .map(|r| (r.name, r.metric))
-        .chain([("CPU 0 busy share", &m.cpu0_busy)])
-    {
-        let _ = writeln!(
-            md,
-            "| {name} | {} | {} | {} | {} |",
-            opt2(metric.untraced.median),
-            opt2(metric.traced.median),
-            opt2(metric.ratio_of_medians),
-            spread(&metric.paired_ratio),
-        );
-    }
-    md.push('\n');
-    let _ = writeln!(
-        md,
-        "| window | arm | p50 µs | p99 µs | p99.9 µs | 2xx | req/s | gateway CPU µs/req | tracer cores | events lost |\n|---|---|---|---|---|---|---|---|---|---|"
-    );
-    let opt =
-        |x: Option<f64>, digits: usize| x.map_or("–".to_owned(), |x| format!("{x:.digits$}"));
-    for w in &effect.windows {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.0} | {} | {} | {} |",
-            w.index,
-            w.arm.word(),
-            w.p50_us,
-            w.p99_us,
-            w.p999_us,
-            w.ok,
-            w.achieved_rate,
-            opt(w.gateway_cpu_us_per_request, 1),
-            opt(w.tracer_cpu_cores, 3),
-            w.tracer_lost_events
-                .map_or("–".to_owned(), |n| n.to_string()),
-        );
-    }
-    md
+#[derive(askama::Template)]
+#[template(path = "profile/effect_table.md", escape = "none")]
+struct Table<'a> {
+    e: &'a ProbeEffect,
+    metrics: Vec<(&'static str, &'a Metric)>,
 }
 
-/// `×1.03 (0.97–1.10)`.
-fn spread(s: &Spread) -> String {
-    match (s.median, s.min, s.max) {
-        (Some(m), Some(lo), Some(hi)) => format!("×{m:.2} ({lo:.2}–{hi:.2})"),
-        _ => "unmeasured".to_owned(),
+impl Words for Table<'_> {}
+
+pub fn warning(effect: &ProbeEffect) -> Option<String> {
+    let over = effect.over_budget();
+    (!over.is_empty()).then(|| {
+        Warning {
+            budget: ProbeEffect::BUDGET.limit(),
+            over,
+        }
+        .render()
+        .expect("the warning template renders")
+    })
+}
+
+pub fn line(effect: &ProbeEffect) -> String {
+    Line {
+        e: effect,
+        c: &effect.comparison,
+        ratios: effect.ratios(),
     }
+    .render()
+    .expect("the probe-effect line renders")
+}
+
+pub fn table(effect: &ProbeEffect) -> String {
+    let metrics = (effect.ratios().iter())
+        .map(|r| (r.name, r.metric))
+        .chain([("CPU 0 busy share", &effect.comparison.metrics.cpu0_busy)])
+        .collect();
+    Table { e: effect, metrics }
+        .render()
+        .expect("the probe-effect table renders")
 }
 
 #[cfg(test)]
