@@ -3,7 +3,6 @@
 //! means from breakdown.json when the session traced the phase site (`--phases`).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use session::pictures::{BandPhases, PhaseCounts};
 
@@ -38,74 +37,83 @@ fn exact_mean_us(means: &Means, phase: &str) -> Option<f64> {
 
 /// The section: a row per phase, then the samples outside every phase frame and the
 /// unresolved ones. `exact`: the session traced the phase site.
+#[derive(askama::Template)]
+#[template(path = "profile/phases.md", escape = "none")]
+struct Section {
+    all_samples: u64,
+    hz: u64,
+    exact: bool,
+    bands: Vec<BandColumns>,
+    rows: Vec<Row>,
+}
+
+struct BandColumns {
+    name: &'static str,
+    /// The band has an exact column (the session traced the phase site).
+    exact_column: bool,
+}
+
+struct Row {
+    label: &'static str,
+    cells: Vec<Cell>,
+}
+
+struct Cell {
+    n: u64,
+    /// Of the band's samples; none without samples.
+    share: Option<f64>,
+    /// Samples × period / requests; none without requests or a sampling rate.
+    per_request_us: Option<f64>,
+    /// The exact column, when the band has one: the `cpu.<phase>` mean, if any.
+    exact: Option<Option<f64>>,
+}
+
 pub fn section(sampled: &BandPhases, bands: &[Band<'_>], exact: bool) -> String {
-    let mut md = String::new();
-    let w = &mut md;
+    use askama::Template as _;
     let hz = sampled.sample_hz.unwrap_or(0);
-    let _ = writeln!(
-        w,
-        "\n## On-CPU time by phase (sampled)\n\n**Sampled**: {} on-CPU samples of complete requests at {hz} Hz, counted by the \
-         gateway's phase frame (`gw_phase_<phase>`) in their user stack; each sample stands for 1/{hz} s of CPU, so µs per \
-         request = samples × period / requests, an estimate good to about ±√n samples. Samples outside every phase frame \
-         are hyper's and the runtime's work between phases and the response write.{}\n",
-        sampled.all.samples,
-        if exact {
-            " The exact columns are the `cpu.<phase>` means of the same band from the `phase` site (`--phases`), which \
-             also charge the work between phases to the phase in force."
-        } else {
-            " The exact split needs the `phase` site (`--phases`), at ~9 more uprobe traps a request."
-        }
-    );
-    let mut header = String::from("| phase |");
-    let mut rule = String::from("|---|");
-    for band in bands {
-        let _ = write!(
-            header,
-            " {0} samples | {0} share | {0} µs/req (sampled) |",
-            band.name
-        );
-        rule.push_str("---|---|---|");
-        if exact && band.exact.is_some() {
-            let _ = write!(header, " {} µs/req (exact) |", band.name);
-            rule.push_str("---|");
-        }
-    }
-    let _ = writeln!(w, "{header}\n{rule}");
     let period_us = if hz > 0 { 1e6 / hz as f64 } else { f64::NAN };
-    let rows = PHASES
+    let labels = PHASES
         .iter()
         .map(|phase| (*phase, Some(*phase)))
         .chain([("outside phase frames", None), ("unresolved stacks", None)]);
-    for (label, phase) in rows {
-        let mut row = format!("| {label} |");
-        for band in bands {
-            let s = band.samples;
-            let n = match (phase, label) {
-                (Some(p), _) => s.phases.get(p).copied().unwrap_or(0),
-                (None, "outside phase frames") => s.outside,
-                (None, _) => s.unresolved,
-            };
-            let share = if s.samples > 0 {
-                format!("{:.1}%", n as f64 / s.samples as f64 * 100.0)
-            } else {
-                "–".to_owned()
-            };
-            let per_request = if band.requests > 0 && hz > 0 {
-                format!("{:.1}", n as f64 * period_us / band.requests as f64)
-            } else {
-                "–".to_owned()
-            };
-            let _ = write!(row, " {n} | {share} | {per_request} |");
-            if exact && let Some(view) = &band.exact {
-                let exact = phase
-                    .and_then(|p| exact_mean_us(view, p))
-                    .map_or("–".to_owned(), |us| format!("{us:.1}"));
-                let _ = write!(row, " {exact} |");
-            }
-        }
-        let _ = writeln!(w, "{row}");
+    let rows = labels
+        .map(|(label, phase)| Row {
+            label,
+            cells: (bands.iter())
+                .map(|band| {
+                    let s = band.samples;
+                    let n = match (phase, label) {
+                        (Some(p), _) => s.phases.get(p).copied().unwrap_or(0),
+                        (None, "outside phase frames") => s.outside,
+                        (None, _) => s.unresolved,
+                    };
+                    Cell {
+                        n,
+                        share: (s.samples > 0).then(|| n as f64 / s.samples as f64),
+                        per_request_us: (band.requests > 0 && hz > 0)
+                            .then(|| n as f64 * period_us / band.requests as f64),
+                        exact: (band.exact.as_ref())
+                            .filter(|_| exact)
+                            .map(|means| phase.and_then(|p| exact_mean_us(means, p))),
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    Section {
+        all_samples: sampled.all.samples,
+        hz,
+        exact,
+        bands: (bands.iter())
+            .map(|band| BandColumns {
+                name: band.name,
+                exact_column: exact && band.exact.is_some(),
+            })
+            .collect(),
+        rows,
     }
-    md
+    .render()
+    .expect("the per-phase template renders")
 }
 
 /// The Reading's point on phases: the band's largest sampled phase, or why there is none.
