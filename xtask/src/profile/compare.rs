@@ -55,7 +55,7 @@ impl TailFacts {
         }
     }
 
-    fn top(&self) -> String {
+    pub fn top(&self) -> String {
         self.ranking
             .iter()
             .take(3)
@@ -65,37 +65,54 @@ impl TailFacts {
     }
 }
 
+/// How the ranking of the tail's first three parts moved.
+enum Ranking {
+    Holds,
+    /// The same largest part, another order after it.
+    SameFirst(String),
+    /// The largest part then, and now ("none" without one).
+    Changed(String, String),
+}
+
 /// The Reading point: `then` is the earlier session (its README linked as `link`).
+#[derive(askama::Template)]
+#[template(path = "profile/compare.md", escape = "none")]
+struct Reading<'a> {
+    now: &'a TailFacts,
+    then: &'a TailFacts,
+    link: &'a str,
+    ranking: Ranking,
+}
+
+impl Reading<'_> {
+    /// "25%", or "not measured".
+    fn pct(&self, x: &Option<f64>) -> String {
+        x.map_or("not measured".to_owned(), |x| format!("{:.0}%", x * 100.0))
+    }
+}
+
 pub fn reading(now: &TailFacts, then: &TailFacts, link: &str) -> String {
+    use askama::Template as _;
     let first = |t: &TailFacts| t.ranking.first().map(|(n, _)| n.clone());
     let order = |t: &TailFacts| -> Vec<String> {
         t.ranking.iter().take(3).map(|(n, _)| n.clone()).collect()
     };
     let ranking = if order(now) == order(then) {
-        "the ranking of the first three parts holds".to_owned()
+        Ranking::Holds
     } else if first(now) == first(then) {
-        format!(
-            "the largest part is the same ({}), the order after it changed",
-            first(now).unwrap_or_default()
-        )
+        Ranking::SameFirst(first(now).unwrap_or_default())
     } else {
-        format!(
-            "the ranking changed: the largest part was {} and is now {}",
-            first(then).unwrap_or_else(|| "none".to_owned()),
-            first(now).unwrap_or_else(|| "none".to_owned())
-        )
+        let name = |t| first(t).unwrap_or_else(|| "none".to_owned());
+        Ranking::Changed(name(then), name(now))
     };
-    let pct =
-        |x: Option<f64>| x.map_or("not measured".to_owned(), |x| format!("{:.0}%", x * 100.0));
-    format!(
-        "Against the earlier session [{link}]({link}) (tracer mode `{}`): the tail's parts were {} then and are {} now, so {ranking}. \
-         Other processes held {} of the tail's charged scheduling then and {} now.",
-        then.mode,
-        then.top(),
-        now.top(),
-        pct(then.other_processes),
-        pct(now.other_processes),
-    )
+    Reading {
+        now,
+        then,
+        link,
+        ranking,
+    }
+    .render()
+    .expect("the comparison renders")
 }
 
 #[cfg(test)]

@@ -117,26 +117,37 @@ pub fn section(sampled: &BandPhases, bands: &[Band<'_>], exact: bool) -> String 
 }
 
 /// The Reading's point on phases: the band's largest sampled phase, or why there is none.
+#[derive(askama::Template)]
+#[template(path = "profile/phases_reading.md", escape = "none")]
+struct Reading<'a> {
+    tail: &'a PhaseCounts,
+    tail_requests: u64,
+    /// The largest phase, its share of the tail's samples and the share outside every phase.
+    top: Option<(&'static str, f64, f64)>,
+}
+
 pub fn reading(sampled: &BandPhases, tail_requests: u64) -> String {
+    use askama::Template as _;
     let tail = &sampled.tail;
     let top = PHASES
         .iter()
         .map(|p| (*p, tail.phases.get(*p).copied().unwrap_or(0)))
-        .max_by_key(|(_, n)| *n);
-    match top {
-        Some((phase, n)) if n > 0 => format!(
-            "On CPU (sampled, {} samples of the {tail_requests} tail requests), the tail's largest phase is **{phase}**: \
-             {:.0}% of its samples ({:.0}% outside every phase frame); see *On-CPU time by phase*.",
-            tail.samples,
-            n as f64 / tail.samples as f64 * 100.0,
-            tail.outside as f64 / tail.samples.max(1) as f64 * 100.0
-        ),
-        _ => format!(
-            "No on-CPU sample of the {tail_requests} tail requests fell in a phase frame ({} samples): the per-phase \
-             split says nothing about the tail in this session.",
-            tail.samples
-        ),
+        .max_by_key(|(_, n)| *n)
+        .filter(|(_, n)| *n > 0)
+        .map(|(phase, n)| {
+            (
+                phase,
+                n as f64 / tail.samples as f64,
+                tail.outside as f64 / tail.samples.max(1) as f64,
+            )
+        });
+    Reading {
+        tail,
+        tail_requests,
+        top,
     }
+    .render()
+    .expect("the phase reading renders")
 }
 
 #[cfg(test)]

@@ -139,21 +139,25 @@ const SEND_LAG_LIMIT_US: f64 = 1000.0;
 /// A warning when the gateway did not keep up with the open loop: requests never sent, a
 /// send lag over [`SEND_LAG_LIMIT_US`] at p99, or under 95% of the target rate achieved. The
 /// figures then describe a saturated gateway, not the load fraction asked for.
+#[derive(askama::Template)]
+#[template(path = "profile/overload.md", escape = "none")]
+struct Overload {
+    unsent: u64,
+    lag_p99: f64,
+    achieved: f64,
+    target_rate: f64,
+}
+
 fn overload_warning(loadgen: &Loadgen, target_rate: f64) -> Option<String> {
-    let unsent = loadgen.unsent();
-    let lag_p99 = loadgen.send_lag_us.as_ref().map_or(0.0, |lag| lag.p99);
-    let achieved = loadgen.achieved_rate;
-    let behind = unsent > 0 || lag_p99 > SEND_LAG_LIMIT_US || achieved < 0.95 * target_rate;
-    behind.then(|| {
-        format!(
-            "**WARNING: the open loop fell behind** ({unsent} requests unsent, send lag p99 \
-             {lag_p99:.0} µs, {achieved:.0} of {target_rate:.0} req/s achieved): requests waited in \
-             loadgen for a free connection or for its CPU. Latencies still count from the \
-             scheduled send, but the traced gateway was at or near saturation at this rate, not \
-             at the load fraction asked for; see the load average below, and compare a lower \
-             --load."
-        )
-    })
+    use askama::Template as _;
+    let o = Overload {
+        unsent: loadgen.unsent(),
+        lag_p99: loadgen.send_lag_us.as_ref().map_or(0.0, |lag| lag.p99),
+        achieved: loadgen.achieved_rate,
+        target_rate,
+    };
+    let behind = o.unsent > 0 || o.lag_p99 > SEND_LAG_LIMIT_US || o.achieved < 0.95 * o.target_rate;
+    behind.then(|| o.render().expect("the overload warning renders"))
 }
 
 /// Figures as the README writes them, for the templates.
@@ -296,7 +300,8 @@ struct Readme<'a> {
     errors: String,
     offcpu_stacks: bool,
     wait_scheduling_ns: u64,
-    tail_against_untraced: String,
+    /// The probe-effect budget the Reading weighs the tail against.
+    budget: f64,
     /// Overhead p50, p99, p99.9 µs.
     overhead: (f64, f64, f64),
     /// Overhead without ledger_fsync, p50 and p99 µs.
@@ -308,6 +313,18 @@ struct Readme<'a> {
 }
 
 impl Figures for Readme<'_> {}
+
+impl Readme<'_> {
+    /// "412 µs", or "–".
+    fn us(&self, x: &Option<f64>) -> String {
+        x.map_or("–".to_owned(), |x| self.us_of(x))
+    }
+
+    /// "412 µs".
+    fn us_of(&self, x: impl Figure) -> String {
+        format!("{:.0} µs", x.get())
+    }
+}
 
 #[derive(Clone)]
 struct TailRow {
@@ -356,7 +373,7 @@ fn render(facts: &SessionFacts, files: &Files, compared: &Option<TailFacts>) -> 
         o,
         effect_line: super::effect::line(effect),
         effect_table: super::effect::table(effect),
-        tail_against_untraced: tail_against_untraced(effect, effect_warning.is_some(), loadgen),
+        budget: PROBE_EFFECT_RATIO.limit(),
         effect_warning,
         overloaded: overload_warning(loadgen, facts.target_rate),
         parts,
@@ -432,29 +449,6 @@ fn phases_section(
     ];
     let mode = b.mode().unwrap_or("");
     phases::section(sampled, &bands, mode.contains("phases"))
-}
-
-/// The Reading's first point: the traced tail beside the untraced client tail, and whether
-/// the conclusions after it describe the untraced gateway.
-fn tail_against_untraced(effect: &ProbeEffect, over_budget: bool, loadgen: &Loadgen) -> String {
-    let m = &effect.comparison.metrics;
-    let us = |x: Option<f64>| x.map_or("–".to_owned(), |x| format!("{x:.0} µs"));
-    let verdict = if over_budget {
-        "over budget (see the WARNING at the top): read the parts below as the traced gateway's, and weigh each against the untraced client tail".to_owned()
-    } else {
-        format!(
-            "within the ×{:.2} budget, so the ranking of parts below describes the gateway as it runs untraced",
-            PROBE_EFFECT_RATIO.limit()
-        )
-    };
-    format!(
-        "Traced against untraced first: the client's p99 was {} in the untraced windows and {} in the traced ones (medians), p99.9 {} and {}; the session's own traced run read p99 {}. The effect is {verdict}.",
-        us(m.p99_us.untraced.median),
-        us(m.p99_us.traced.median),
-        us(m.p999_us.untraced.median),
-        us(m.p999_us.traced.median),
-        us(Some(loadgen.latency_us.p99)),
-    )
 }
 
 /// Holder rows shown before the rest is summed into one.
