@@ -235,7 +235,9 @@ pub struct Calibration {
     pub note: String,
     /// By kind; null for a kind calibration could not measure.
     pub ns_per_hit: BTreeMap<String, Option<f64>>,
-    pub ns_per_hit_min_max: BTreeMap<String, [f64; 2]>,
+    /// The rounds' spread; null where a kind had no finite figure (the tracer writes these
+    /// from floats, and a non-finite one is written as null: reading it must not fail).
+    pub ns_per_hit_min_max: BTreeMap<String, [Option<f64>; 2]>,
     pub probe_ns_per_request: f64,
     pub probe_ns_per_request_by_kind: BTreeMap<String, Option<f64>>,
     /// Sessions from 2026-12-02 (hardened) on.
@@ -245,7 +247,7 @@ pub struct Calibration {
     /// Sessions from 2026-12-02 (hardened) on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unmeasured: Option<Vec<String>>,
-    pub untraced_ns_per_loop: BTreeMap<String, f64>,
+    pub untraced_ns_per_loop: BTreeMap<String, Option<f64>>,
 }
 
 impl Breakdown {

@@ -134,3 +134,24 @@ fn a_renamed_breakdown_key_fails_naming_it() {
     let err = Breakdown::from_json(&missing).unwrap_err().to_string();
     assert!(err.contains("missing field `lost_events`"), "{err}");
 }
+
+#[test]
+fn a_calibration_spread_written_as_null_still_reads() {
+    // The tracer writes a non-finite float as null; the session's file must still read.
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/2026-12-02-25pct-0ms-hardened");
+    let text = read(&dir, session::breakdown::FILE);
+    let nulled = text
+        .replacen(
+            "\"sched\": [-46.900, 168.300]",
+            "\"sched\": [null, null]",
+            1,
+        )
+        .replacen("\"sched\": 1183.600", "\"sched\": null", 1);
+    assert_ne!(nulled, text);
+    let breakdown = Breakdown::from_json(&nulled).unwrap();
+    let calibration = breakdown.calibration.as_ref().unwrap();
+    assert_eq!(calibration.ns_per_hit_min_max["sched"], [None, None]);
+    assert_eq!(calibration.untraced_ns_per_loop["sched"], None);
+    assert_eq!(breakdown.to_json(), nulled);
+}
