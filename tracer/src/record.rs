@@ -386,17 +386,14 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         }
     }
     sink.writer.add_section("drops", drops_json);
-    sink.writer.add_section(
-        "tracer",
-        serde_json::json!({
-            "stop_reason": why,
-            "events": stream.counters.events,
-            "late_events": stream.late_events(),
-            "loss_spans": sink.tally.loss_spans,
-            "cpu_user_s": user_s,
-            "cpu_system_s": system_s,
-        }),
-    );
+    sink.writer.set_tracer(session::breakdown::TracerCounters {
+        stop_reason: why.to_string(),
+        events: stream.counters.events,
+        late_events: stream.late_events(),
+        loss_spans: sink.tally.loss_spans,
+        cpu_user_s: user_s,
+        cpu_system_s: system_s,
+    });
     sink.hooks.finish(&sink.rebuilder, &mut sink.writer)?;
     let probe_cost = crate::calibrate::report(calibration.as_ref(), &mut sink.writer);
     let summary = sink.writer.finish(SessionEnd {

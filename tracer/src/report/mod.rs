@@ -61,9 +61,11 @@ pub struct SessionWriter {
     requests: ::csv::Writer<File>,
     incomplete: ::csv::Writer<File>,
     aggregate: Aggregate,
-    /// Extra top-level sections of breakdown.json (the tracer's own cost, BPF program stats,
-    /// the kernel cross-check figures), typed when the file is written.
+    /// Extra top-level sections of breakdown.json still built as JSON (drops, the kernel
+    /// cross-check figures, loss spans, cost), typed when the file is written.
     sections: Vec<(String, serde_json::Value)>,
+    tracer: Option<session::breakdown::TracerCounters>,
+    calibration: Option<session::breakdown::Calibration>,
 }
 
 impl SessionWriter {
@@ -80,6 +82,8 @@ impl SessionWriter {
             incomplete,
             aggregate: Aggregate::new(),
             sections: Vec::new(),
+            tracer: None,
+            calibration: None,
         })
     }
 
@@ -98,6 +102,16 @@ impl SessionWriter {
     pub fn add_section(&mut self, name: &str, value: serde_json::Value) {
         self.sections.retain(|(n, _)| n != name);
         self.sections.push((name.to_owned(), value));
+    }
+
+    /// breakdown.json's `tracer` section: the tracer process's own counters.
+    pub fn set_tracer(&mut self, tracer: session::breakdown::TracerCounters) {
+        self.tracer = Some(tracer);
+    }
+
+    /// breakdown.json's `calibration` section.
+    pub fn set_calibration(&mut self, calibration: session::breakdown::Calibration) {
+        self.calibration = Some(calibration);
     }
 
     /// The running aggregate, for live progress (for example its p99 overhead).
@@ -137,6 +151,8 @@ impl SessionWriter {
             add_section(&mut json, &name, value)
                 .with_context(|| format!("breakdown.json section `{name}`"))?;
         }
+        json.tracer = self.tracer.take();
+        json.calibration = self.calibration.take();
         self.dir.write(BREAKDOWN_JSON, json.to_json().as_bytes())?;
         Ok(Summary {
             table: table::render(&view),
