@@ -365,8 +365,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
              port?); their data arrivals until the next read were not seen"
         );
     }
-    let mut drops_json = crate::events::drops::to_json(&kernel_drops);
-    drops_json["established_unclaimed"] = unclaimed.into();
+    let mut drops_json = crate::events::drops::to_model(&kernel_drops);
+    drops_json.established_unclaimed = unclaimed;
     if let Some(warning) =
         crate::events::drops::add_kretprobe_missed(&mut drops_json, kretprobe_missed.as_deref())
     {
@@ -381,11 +381,11 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
             }
         }
         Err(err) => {
-            drops_json["recursion_misses"] = serde_json::Value::Null;
+            drops_json.recursion_misses = Some(None);
             say!("tracer: WARNING the programs' recursion misses could not be read: {err:#}");
         }
     }
-    sink.writer.add_section("drops", drops_json);
+    sink.writer.set_drops(drops_json);
     sink.writer.set_tracer(session::breakdown::TracerCounters {
         stop_reason: why.to_string(),
         events: stream.counters.events,

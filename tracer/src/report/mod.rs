@@ -61,9 +61,10 @@ pub struct SessionWriter {
     requests: ::csv::Writer<File>,
     incomplete: ::csv::Writer<File>,
     aggregate: Aggregate,
-    /// Extra top-level sections of breakdown.json still built as JSON (drops, the kernel
+    /// Extra top-level sections of breakdown.json still built as JSON (the kernel
     /// cross-check figures, loss spans, cost), typed when the file is written.
     sections: Vec<(String, serde_json::Value)>,
+    drops: Option<session::breakdown::Drops>,
     tracer: Option<session::breakdown::TracerCounters>,
     calibration: Option<session::breakdown::Calibration>,
 }
@@ -82,6 +83,7 @@ impl SessionWriter {
             incomplete,
             aggregate: Aggregate::new(),
             sections: Vec::new(),
+            drops: None,
             tracer: None,
             calibration: None,
         })
@@ -102,6 +104,11 @@ impl SessionWriter {
     pub fn add_section(&mut self, name: &str, value: serde_json::Value) {
         self.sections.retain(|(n, _)| n != name);
         self.sections.push((name.to_owned(), value));
+    }
+
+    /// breakdown.json's `drops` section: what the kernel side dropped or could not do.
+    pub fn set_drops(&mut self, drops: session::breakdown::Drops) {
+        self.drops = Some(drops);
     }
 
     /// breakdown.json's `tracer` section: the tracer process's own counters.
@@ -151,6 +158,7 @@ impl SessionWriter {
             add_section(&mut json, &name, value)
                 .with_context(|| format!("breakdown.json section `{name}`"))?;
         }
+        json.drops = self.drops.take();
         json.tracer = self.tracer.take();
         json.calibration = self.calibration.take();
         self.dir.write(BREAKDOWN_JSON, json.to_json().as_bytes())?;
