@@ -10,7 +10,7 @@ use clap::{ArgGroup, Parser};
 use crate::find_max::{FindMax, Search, find_max};
 use crate::progress::Progress;
 use crate::run::{IdSource, Load, RunOutput, RunSpec, run};
-use crate::summary::{Summary, summarize, write_requests_csv};
+use crate::summary::{Summary, print_table, summarize, write_requests_csv};
 use crate::target::{ActBody, Target};
 
 #[derive(Parser, Debug, Clone)]
@@ -183,7 +183,7 @@ pub fn execute(args: &Args) -> anyhow::Result<Report> {
     })?;
     match &report {
         Report::Run { summary, output } => {
-            summary.print_table();
+            print_table(summary);
             write_outputs(args, summary, std::slice::from_ref(output))?;
         }
         Report::FindMax { result, outputs } => {

@@ -4,8 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
-
 use crate::progress::Progress;
 use crate::run::{IdSource, Load, RunOutput, RunSpec, run};
 use crate::summary::{Summary, summarize};
@@ -18,27 +16,7 @@ const FLAT_STEPS: usize = 2;
 /// Steps with more errors than this share are not sustainable and cannot be the max.
 const MAX_ERROR_SHARE: f64 = 0.01;
 
-#[derive(Clone, Debug, Serialize)]
-pub struct Step {
-    pub concurrency: usize,
-    pub achieved_rate: f64,
-    pub ok: u64,
-    pub errors: u64,
-    pub p50_us: f64,
-    pub p99_us: f64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct FindMax {
-    pub mode: &'static str,
-    pub url: String,
-    pub direct: bool,
-    /// The highest achieved rate of a step with at most 1% errors, in req/s.
-    pub max_rate: f64,
-    pub best_concurrency: usize,
-    pub step_duration_s: f64,
-    pub steps: Vec<Step>,
-}
+pub use session::loadgen::{FindMax, Step};
 
 pub struct Search {
     pub max_concurrency: usize,
@@ -113,7 +91,7 @@ pub async fn find_max(
     })?;
     Ok((
         FindMax {
-            mode: "find-max",
+            mode: "find-max".to_owned(),
             url: target.url.clone(),
             direct,
             max_rate: best.achieved_rate,

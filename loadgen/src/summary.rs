@@ -4,113 +4,63 @@
 use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
 
 use crate::run::{Load, Record, RunOutput};
 
-#[derive(Clone, Debug, Serialize)]
-pub struct Percentiles {
-    pub count: u64,
-    pub p50: f64,
-    pub p90: f64,
-    pub p99: f64,
-    pub p999: f64,
-    pub max: f64,
-    pub mean: f64,
-}
+/// loadgen.json's types live in the model, so its readers parse what this writes.
+pub use session::loadgen::{Percentiles, Summary};
 
-#[derive(Clone, Debug, Serialize)]
-pub struct Summary {
-    /// `open` or `closed`.
-    pub mode: &'static str,
-    pub url: String,
-    pub direct: bool,
-    /// Open loop only.
-    pub requested_rate: Option<f64>,
-    /// Closed loop only.
-    pub concurrency: Option<usize>,
-    pub connections: usize,
-    pub duration_s: f64,
-    pub warmup_s: f64,
-    pub first_request_id: Option<u64>,
-    pub last_request_id: Option<u64>,
-    /// Requests sent, warm-up included (the rows of `--requests-out`).
-    pub sent: u64,
-    /// Requests of the measured window (after warm-up), unsent ones included.
-    pub measured: u64,
-    /// 2xx responses in the measured window.
-    pub ok: u64,
-    /// `ok` per second, from the window's start to its last 2xx response.
-    pub achieved_rate: f64,
-    /// Non-2xx outcomes of the measured window by HTTP status, `transport`, `timeout` or
-    /// `unsent` (open loop: still queued when the drain ended).
-    pub errors: BTreeMap<String, u64>,
-    /// `scheduled` (open loop: no coordinated omission) or `sent` (closed loop).
-    pub latency_from: &'static str,
-    /// 2xx responses of the measured window, in µs.
-    pub latency_us: Percentiles,
-    /// Open loop: how late each request of the window was sent after its scheduled time, in
-    /// µs: loadgen's own dispatch delay, plus any wait for a free connection while every
-    /// connection was in flight at the server. Already inside `latency_us`.
-    pub send_lag_us: Option<Percentiles>,
-    /// p50 of the window's first and last thirds, in µs: a drift check.
-    pub p50_first_third_us: Option<f64>,
-    pub p50_last_third_us: Option<f64>,
-}
-
-impl Summary {
-    pub fn error_count(&self) -> u64 {
-        self.errors.values().sum()
+/// The run's figures on stdout.
+pub fn print_table(summary: &Summary) {
+    let shape = match (summary.requested_rate, summary.concurrency) {
+        (Some(rate), _) => format!(
+            "open loop at {rate:.1} req/s over {} connections",
+            summary.connections
+        ),
+        (_, Some(c)) => format!("closed loop at concurrency {c}"),
+        _ => summary.mode.to_owned(),
+    };
+    println!(
+        "loadgen: {shape}, {:.1} s after {:.1} s warm-up, {}{}",
+        summary.duration_s,
+        summary.warmup_s,
+        summary.url,
+        if summary.direct { " (direct)" } else { "" }
+    );
+    let requested = summary
+        .requested_rate
+        .map_or_else(|| "-".to_owned(), |rate| format!("{rate:.1}"));
+    println!(
+        "  requested {requested} req/s   achieved {:.1} req/s   sent {}   ok {}   errors {}",
+        summary.achieved_rate,
+        summary.sent,
+        summary.ok,
+        summary.error_count()
+    );
+    for (kind, count) in &summary.errors {
+        println!("  error {kind}: {count}");
     }
-
-    pub fn print_table(&self) {
-        let shape = match (self.requested_rate, self.concurrency) {
-            (Some(rate), _) => format!(
-                "open loop at {rate:.1} req/s over {} connections",
-                self.connections
-            ),
-            (_, Some(c)) => format!("closed loop at concurrency {c}"),
-            _ => self.mode.to_owned(),
-        };
+    let l = &summary.latency_us;
+    println!(
+        "  latency from the {} time, µs (HDR):",
+        summary.latency_from
+    );
+    println!(
+        "  {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "p50", "p90", "p99", "p99.9", "max", "mean"
+    );
+    println!(
+        "  {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
+        l.p50, l.p90, l.p99, l.p999, l.max, l.mean
+    );
+    if let Some(lag) = &summary.send_lag_us {
         println!(
-            "loadgen: {shape}, {:.1} s after {:.1} s warm-up, {}{}",
-            self.duration_s,
-            self.warmup_s,
-            self.url,
-            if self.direct { " (direct)" } else { "" }
+            "  send lag after the scheduled time, µs: p50 {:.1}  p99 {:.1}  max {:.1}",
+            lag.p50, lag.p99, lag.max
         );
-        let requested = self
-            .requested_rate
-            .map_or_else(|| "-".to_owned(), |rate| format!("{rate:.1}"));
-        println!(
-            "  requested {requested} req/s   achieved {:.1} req/s   sent {}   ok {}   errors {}",
-            self.achieved_rate,
-            self.sent,
-            self.ok,
-            self.error_count()
-        );
-        for (kind, count) in &self.errors {
-            println!("  error {kind}: {count}");
-        }
-        let l = &self.latency_us;
-        println!("  latency from the {} time, µs (HDR):", self.latency_from);
-        println!(
-            "  {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            "p50", "p90", "p99", "p99.9", "max", "mean"
-        );
-        println!(
-            "  {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
-            l.p50, l.p90, l.p99, l.p999, l.max, l.mean
-        );
-        if let Some(lag) = &self.send_lag_us {
-            println!(
-                "  send lag after the scheduled time, µs: p50 {:.1}  p99 {:.1}  max {:.1}",
-                lag.p50, lag.p99, lag.max
-            );
-        }
-        if let (Some(first), Some(last)) = (self.p50_first_third_us, self.p50_last_third_us) {
-            println!("  p50 first third {first:.1} µs, last third {last:.1} µs");
-        }
+    }
+    if let (Some(first), Some(last)) = (summary.p50_first_third_us, summary.p50_last_third_us) {
+        println!("  p50 first third {first:.1} µs, last third {last:.1} µs");
     }
 }
 
@@ -185,6 +135,7 @@ pub fn summarize(output: &RunOutput, url: &str, direct: bool, warmup_s: f64) -> 
         Load::Open { rate, connections } => ("open", Some(rate), None, connections, "scheduled"),
         Load::Closed { concurrency } => ("closed", None, Some(concurrency), concurrency, "sent"),
     };
+    let (mode, latency_from) = (mode.to_owned(), latency_from.to_owned());
     Summary {
         mode,
         url: url.to_owned(),

@@ -84,6 +84,19 @@ pub fn nearest_rank<T: Copy>(sorted: &[T], permille: usize) -> Option<T> {
     (n > 0).then(|| sorted[(permille * n).div_ceil(1000).clamp(1, n) - 1])
 }
 
+/// The median of the finite values (the mean of the middle two for an even count); `None`
+/// when there is none.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    finite.sort_by(f64::total_cmp);
+    let n = finite.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(finite[n / 2]),
+        _ => Some((finite[n / 2 - 1] + finite[n / 2]) / 2.0),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +110,13 @@ mod tests {
         assert_eq!(nearest_rank(&values, 1000), Some(200));
         assert_eq!(nearest_rank::<u64>(&[], 500), None);
         assert_eq!(nearest_rank(&[-3i64, 5], 500), Some(-3));
+    }
+
+    #[test]
+    fn the_median_skips_non_finite_values() {
+        assert_eq!(median(&[3.0, f64::NAN, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(&[f64::INFINITY]), None);
     }
 
     #[test]

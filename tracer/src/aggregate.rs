@@ -42,15 +42,8 @@ impl Metric {
     }
 }
 
-/// Mean probe hits per complete request, per kind.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct HitsPerRequest {
-    pub sites: f64,
-    pub syscalls: f64,
-    pub sock: f64,
-    pub sched: f64,
-    pub samples: f64,
-}
+/// Mean probe hits per complete request, per kind (breakdown.json's `hits_per_request`).
+pub use session::breakdown::Hits as HitsPerRequest;
 
 pub struct Aggregate {
     total: Hist,

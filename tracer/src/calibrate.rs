@@ -64,7 +64,6 @@ use rustix::{
     net::{self, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType},
     thread::{self, CpuSet},
 };
-use serde_json::json;
 use tracer_ebpf::abi::{Config, LOSS_SLOT, Loss, kind};
 
 use crate::{
@@ -310,55 +309,63 @@ impl Calibration {
     }
 
     /// breakdown.json's `calibration` section.
-    pub fn section(&self, hits: &HitsPerRequest) -> serde_json::Value {
+    pub fn section(&self, hits: &HitsPerRequest) -> session::breakdown::Calibration {
         let round3 = |x: f64| (x * 1000.0).round() / 1000.0;
         let round1 = |x: f64| (x * 10.0).round() / 10.0;
-        let mut ns_per_hit = serde_json::Map::new();
-        let mut spread = serde_json::Map::new();
-        let mut untraced = serde_json::Map::new();
-        let mut noisy = Vec::new();
-        let mut unmeasured = Vec::new();
-        let mut rounds = serde_json::Map::new();
-        for (name, cost) in self.kinds() {
-            // null, never a negative figure, for an unmeasured kind.
-            ns_per_hit.insert(name.to_owned(), json!(cost.ns_per_hit.map(round1)));
-            if cost.is_noisy() {
-                noisy.push(name);
-            }
-            if cost.ns_per_hit.is_none() {
-                unmeasured.push(name);
-            }
-            rounds.insert(name.to_owned(), json!(cost.rounds.len()));
-            spread.insert(
-                name.to_owned(),
-                json!([round1(cost.min_ns), round1(cost.max_ns)]),
-            );
-            untraced.insert(name.to_owned(), json!(round1(cost.untraced_ns_per_unit)));
+        // Figures written from floats: a non-finite one is null in the file.
+        let finite1 = |x: f64| Some(round1(x)).filter(|x| x.is_finite());
+        let kinds = self.kinds();
+        fn by_kind<T>(
+            kinds: &[(&str, &KindCost)],
+            f: impl Fn(&KindCost) -> T,
+        ) -> std::collections::BTreeMap<String, T> {
+            (kinds.iter())
+                .map(|(name, cost)| ((*name).to_owned(), f(cost)))
+                .collect()
         }
+        let names = |pick: &dyn Fn(&KindCost) -> bool| -> Vec<String> {
+            (kinds.iter())
+                .filter(|(_, cost)| pick(cost))
+                .map(|(name, _)| (*name).to_owned())
+                .collect()
+        };
         let per_request = self.per_request(hits);
-        json!({
-            "method": "own-process loops with the session's programs filtered on the tracer's \
-                       pid, untraced then traced, lower-quartile chunk per round, median round",
-            "cpu": self.cpu,
-            "rounds": rounds,
-            "elapsed_s": round3(self.elapsed_s),
-            "ns_per_hit": ns_per_hit,
-            "ns_per_hit_min_max": spread,
-            "untraced_ns_per_loop": untraced,
-            "noisy": noisy,
-            "unmeasured": unmeasured,
-            "probe_ns_per_request": round1(per_request.total()),
-            "probe_ns_per_request_by_kind": {
-                "sites": per_request.sites.map(round1),
-                "syscalls": per_request.syscalls.map(round1),
-                "sock": per_request.sock.map(round1),
-                "sched": per_request.sched.map(round1),
-            },
-            "probe_ns_per_request_leaves_out": per_request.left_out(),
-            "not_included": "cpu-clock samples; filter-only runs in other tasks",
-            "note": "a ledger batch's writer hits are charged once, to its first durable \
-                     request, so the mean over requests is the probe time per request",
-        })
+        session::breakdown::Calibration {
+            method: "own-process loops with the session's programs filtered on the tracer's \
+                     pid, untraced then traced, lower-quartile chunk per round, median round"
+                .to_owned(),
+            cpu: self.cpu as u32,
+            // One round count per kind.
+            rounds: by_kind(&kinds, |cost| cost.rounds.len() as u64),
+            elapsed_s: round3(self.elapsed_s),
+            // null, never a negative figure, for an unmeasured kind.
+            ns_per_hit: by_kind(&kinds, |cost| cost.ns_per_hit.map(round1)),
+            ns_per_hit_min_max: by_kind(&kinds, |cost| {
+                [finite1(cost.min_ns), finite1(cost.max_ns)]
+            }),
+            untraced_ns_per_loop: by_kind(&kinds, |cost| finite1(cost.untraced_ns_per_unit)),
+            noisy: names(&|cost| cost.is_noisy()),
+            unmeasured: Some(names(&|cost| cost.ns_per_hit.is_none())),
+            probe_ns_per_request: round1(per_request.total()),
+            probe_ns_per_request_by_kind: [
+                ("sites", per_request.sites),
+                ("syscalls", per_request.syscalls),
+                ("sock", per_request.sock),
+                ("sched", per_request.sched),
+            ]
+            .into_iter()
+            .map(|(name, ns)| (name.to_owned(), ns.map(round1)))
+            .collect(),
+            probe_ns_per_request_leaves_out: Some(
+                (per_request.left_out().iter())
+                    .map(|name| (*name).to_owned())
+                    .collect(),
+            ),
+            not_included: "cpu-clock samples; filter-only runs in other tasks".to_owned(),
+            note: "a ledger batch's writer hits are charged once, to its first durable \
+                   request, so the mean over requests is the probe time per request"
+                .to_owned(),
+        }
     }
 
     /// Two lines for the stdout summary: costs per hit, and probe time per request.
@@ -395,7 +402,7 @@ impl Calibration {
 pub fn report(calibration: Option<&Calibration>, writer: &mut SessionWriter) -> Option<String> {
     let calibration = calibration?;
     let hits = writer.aggregate().hits_per_request();
-    writer.add_section("calibration", calibration.section(&hits));
+    writer.set_calibration(calibration.section(&hits));
     Some(calibration.summary(&hits))
 }
 
@@ -909,9 +916,9 @@ mod tests {
         assert!(p.left_out().is_empty());
         assert_eq!(p.total(), 6910.0);
         let section = calibration().section(&hits);
-        assert_eq!(section["probe_ns_per_request"], 6910.0);
-        assert_eq!(section["ns_per_hit"]["site"], 300.0);
-        assert_eq!(section["probe_ns_per_request_by_kind"]["sock"], 150.0);
+        assert_eq!(section.probe_ns_per_request, 6910.0);
+        assert_eq!(section.ns_per_hit["site"], Some(300.0));
+        assert_eq!(section.probe_ns_per_request_by_kind["sock"], Some(150.0));
         let summary = calibration().summary(&hits);
         assert!(
             summary.contains("site 300, syscall 100, sock 60, sched 40 ns"),
@@ -931,7 +938,7 @@ mod tests {
                 .summary(&hits)
                 .contains("sched 41 (noisy: rounds 40..90)")
         );
-        assert_eq!(noisy.section(&hits)["noisy"], serde_json::json!(["sched"]));
+        assert_eq!(noisy.section(&hits).noisy, ["sched"]);
     }
 
     /// Every number in `text`, signs included.
@@ -982,28 +989,26 @@ mod tests {
         );
 
         let section = noisy.section(&hits);
-        assert_eq!(section["ns_per_hit"]["sock"], serde_json::Value::Null);
+        assert_eq!(section.ns_per_hit["sock"], None);
         assert_eq!(
-            section["ns_per_hit_min_max"]["sock"],
-            serde_json::json!([-290.0, 1841.0])
+            section.ns_per_hit_min_max["sock"],
+            [Some(-290.0), Some(1841.0)]
         );
-        assert_eq!(section["rounds"]["sock"], 3);
-        assert_eq!(section["unmeasured"], serde_json::json!(["sock"]));
-        assert_eq!(section["noisy"], serde_json::json!([]));
-        assert_eq!(section["probe_ns_per_request"], 6760.0);
+        assert_eq!(section.rounds["sock"], 3);
+        assert_eq!(section.unmeasured, Some(vec!["sock".to_owned()]));
+        assert!(section.noisy.is_empty());
+        assert_eq!(section.probe_ns_per_request, 6760.0);
+        assert_eq!(section.probe_ns_per_request_by_kind["sock"], None);
         assert_eq!(
-            section["probe_ns_per_request_by_kind"]["sock"],
-            serde_json::Value::Null
-        );
-        assert_eq!(
-            section["probe_ns_per_request_leaves_out"],
-            serde_json::json!(["sock"])
+            section.probe_ns_per_request_leaves_out,
+            Some(vec!["sock".to_owned()])
         );
         let mut json = section.clone();
-        json["ns_per_hit_min_max"] = serde_json::Value::Null;
+        json.ns_per_hit_min_max.clear();
+        let text = serde_json::to_string(&json).unwrap();
         assert!(
-            numbers(&json.to_string()).iter().all(|&n| n >= 0.0),
-            "no negative figure outside the rounds' range: {json}"
+            numbers(&text).iter().all(|&n| n >= 0.0),
+            "no negative figure outside the rounds' range: {text}"
         );
     }
 }

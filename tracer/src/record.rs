@@ -366,8 +366,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
              port?); their data arrivals until the next read were not seen"
         );
     }
-    let mut drops_json = crate::events::drops::to_json(&kernel_drops);
-    drops_json["established_unclaimed"] = unclaimed.into();
+    let mut drops_json = crate::events::drops::to_model(&kernel_drops);
+    drops_json.established_unclaimed = unclaimed;
     if let Some(warning) =
         crate::events::drops::add_kretprobe_missed(&mut drops_json, kretprobe_missed.as_deref())
     {
@@ -382,22 +382,19 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
             }
         }
         Err(err) => {
-            drops_json["recursion_misses"] = serde_json::Value::Null;
+            drops_json.recursion_misses = Some(None);
             say!("tracer: WARNING the programs' recursion misses could not be read: {err:#}");
         }
     }
-    sink.writer.add_section("drops", drops_json);
-    sink.writer.add_section(
-        "tracer",
-        serde_json::json!({
-            "stop_reason": why,
-            "events": stream.counters.events,
-            "late_events": stream.late_events(),
-            "loss_spans": sink.tally.loss_spans,
-            "cpu_user_s": user_s,
-            "cpu_system_s": system_s,
-        }),
-    );
+    sink.writer.set_drops(drops_json);
+    sink.writer.set_tracer(session::breakdown::TracerCounters {
+        stop_reason: why.to_string(),
+        events: stream.counters.events,
+        late_events: stream.late_events(),
+        loss_spans: sink.tally.loss_spans,
+        cpu_user_s: user_s,
+        cpu_system_s: system_s,
+    });
     sink.hooks.finish(&sink.rebuilder, &mut sink.writer)?;
     let probe_cost = crate::calibrate::report(calibration.as_ref(), &mut sink.writer);
     let summary = sink.writer.finish(SessionEnd {

@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::fs;
 
 use gateway::probe;
-use serde_json::Value;
 use tracer::flame::trace_json::ThreadNames;
 use tracer::flame::{Bands, FlameSession};
 use tracer::requests::synthetic::{Stream, assert_consistent};
@@ -143,19 +142,19 @@ fn sampled_phases_agree_with_the_exact_split_within_the_sampling_bound() {
             4242,
         )
         .unwrap();
-    let pictures: Value =
+    let pictures: session::pictures::Pictures =
         serde_json::from_slice(&fs::read(dir.path().join("pictures.json")).unwrap()).unwrap();
-    let sampled = &pictures["phase_samples"];
-    assert_eq!(sampled["sample_hz"], 1_000_000_000 / PERIOD);
-    let all = &sampled["all"];
-    assert_eq!(all["unresolved"], 0, "every stack names its frames: {all}");
-    assert_eq!(all["outside"], 0, "every sample fell in a phase: {all}");
+    let sampled = pictures.phase_samples.unwrap();
+    assert_eq!(sampled.sample_hz, Some(1_000_000_000 / PERIOD));
+    let all = &sampled.all;
+    assert_eq!(all.unresolved, 0, "every stack names its frames: {all:?}");
+    assert_eq!(all.outside, 0, "every sample fell in a phase: {all:?}");
 
     let exact_total: u64 = Phase::ALL
         .into_iter()
         .map(|p| records.iter().map(|r| r.part_ns(Part::Cpu(p))).sum::<u64>())
         .sum();
-    let samples = all["samples"].as_u64().unwrap();
+    let samples = all.samples;
     for phase in Phase::ALL {
         let exact: u64 = records.iter().map(|r| r.part_ns(Part::Cpu(phase))).sum();
         // The exact split bounds the phases by the same sites; parse also holds the 100 ns
@@ -165,7 +164,7 @@ fn sampled_phases_agree_with_the_exact_split_within_the_sampling_bound() {
             "{phase:?}: exact {exact} ns, generated {} ns",
             truth[&phase]
         );
-        let count = all["phases"][phase.name()].as_u64().unwrap();
+        let count = all.phases[phase.name()];
         let estimate = count * PERIOD;
         // Each of the phase's intervals holds floor or ceil of its length over the period.
         assert!(

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use session::breakdown::Breakdown;
+use session::requests::{IncompleteRow, RequestRow};
 use tracer::out_dir::OutDir;
 use tracer::report::{SessionEnd, SessionMeta, SessionWriter};
 use tracer::requests::{Hits, Incomplete, Outcome, PARTS, Part, RequestRecord};
@@ -140,47 +142,50 @@ fn files_are_consistent_with_each_other() {
     assert_eq!((summary.requests, summary.incomplete), (2000, 5));
 
     let csv = std::fs::read_to_string(dir.path().join("requests.csv")).unwrap();
-    let mut lines = csv.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    assert_eq!(
-        &header[..6],
-        [
-            "request_id",
-            "status",
-            "t_arrive_ns",
-            "t_done_ns",
-            "total_ns",
-            "overhead_ns"
-        ]
+    let header = csv.lines().next().unwrap();
+    assert!(
+        header.starts_with(
+            "request_id,status,t_arrive_ns,t_done_ns,total_ns,overhead_ns,upstream_ns,"
+        ),
+        "{header}"
     );
-    assert_eq!(header[6..].len(), PARTS);
-    assert_eq!(header[6], "upstream_ns");
-    assert_eq!(header.last(), Some(&"unattributed_ns"));
-    let rows: Vec<Vec<u64>> = lines
-        .map(|l| l.split(',').map(|f| f.parse().unwrap()).collect())
-        .collect();
+    assert!(header.ends_with(",unattributed_ns"), "{header}");
+    let rows: Vec<RequestRow> = session::requests::rows(csv.as_bytes())
+        .collect::<Result<_, _>>()
+        .unwrap();
     assert_eq!(rows.len(), 2000);
     for row in &rows {
-        assert_eq!(row[6..].iter().sum::<u64>(), row[4], "parts sum to total");
-        assert_eq!(row[4] - row[6], row[5], "overhead = total - upstream");
-        assert_eq!(row[3] - row[2], row[4]);
+        assert_eq!(row.parts().len(), PARTS);
+        assert_eq!(
+            row.parts().iter().sum::<u64>(),
+            row.total_ns,
+            "parts sum to total"
+        );
+        assert_eq!(
+            row.total_ns - row.upstream_ns,
+            row.overhead_ns,
+            "overhead = total - upstream"
+        );
+        assert_eq!(row.t_done_ns - row.t_arrive_ns, row.total_ns);
     }
-    let incomplete = std::fs::read_to_string(dir.path().join("incomplete.csv")).unwrap();
-    assert_eq!(incomplete.lines().count(), 1 + 5);
-
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("breakdown.json")).unwrap())
+    let incomplete: Vec<IncompleteRow> =
+        session::requests::rows(std::fs::File::open(dir.path().join("incomplete.csv")).unwrap())
+            .collect::<Result<_, _>>()
             .unwrap();
-    assert_eq!(json["requests"], 2000);
-    assert_eq!(json["incomplete"], 5);
-    assert_eq!(json["incomplete_reasons"]["events lost"], 2);
-    assert_eq!(json["lost_events"], 17);
-    assert_eq!(json["attach_modes"]["sched_switch"], "tp_btf");
-    for band in ["tail", "median"] {
-        let parts = json[band]["parts"].as_object().unwrap();
+    assert_eq!(incomplete.len(), 5);
+
+    let json =
+        Breakdown::from_json(&std::fs::read_to_string(dir.path().join("breakdown.json")).unwrap())
+            .unwrap();
+    assert_eq!(json.requests, 2000);
+    assert_eq!(json.incomplete, 5);
+    assert_eq!(json.incomplete_reasons["events lost"], 2);
+    assert_eq!(json.lost_events, 17);
+    assert_eq!(json.attach_modes["sched_switch"], "tp_btf");
+    for (band, parts) in [("tail", &json.tail.parts), ("median", &json.median.parts)] {
         assert_eq!(parts.len(), PARTS);
-        assert!(parts["upstream"]["share"].is_null());
-        let shares: f64 = parts.values().filter_map(|p| p["share"].as_f64()).sum();
+        assert!(parts["upstream"].share.is_none());
+        let shares: f64 = parts.values().filter_map(|p| p.share).sum();
         assert!(
             (shares - 1.0).abs() < 0.01,
             "{band}: shares sum to {shares}"
@@ -188,7 +193,7 @@ fn files_are_consistent_with_each_other() {
     }
     // The tail: requests strictly above the p99 of overhead, recounted from the CSV.
     let threshold = summary.tail_threshold_ns;
-    let above = rows.iter().filter(|r| r[5] > threshold).count() as u64;
+    let above = rows.iter().filter(|r| r.overhead_ns > threshold).count() as u64;
     assert_eq!(summary.tail.requests, above);
     assert!((10..=30).contains(&above), "about 1% of 2000: {above}");
     let exact: f64 = Part::ALL

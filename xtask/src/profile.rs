@@ -31,6 +31,7 @@ use crate::machine::Machine;
 use crate::procs::{
     self, Binaries, TracerProc, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
 };
+use crate::workspace::read_json;
 use crate::{flags, session_dir};
 
 /// Files the tracer must leave in the session directory.
@@ -122,7 +123,10 @@ fn rate(text: &str) -> Result<f64, String> {
     }
 }
 
-/// What the README needs to say about how the session ran.
+/// What the README needs to say about how the session ran, beside the session's own files:
+/// written as profile.json, so the README can be rendered again from the directory alone.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SessionFacts {
     pub command: String,
     pub load: f64,
@@ -136,20 +140,17 @@ pub struct SessionFacts {
     pub target_rate: f64,
     pub pinning: Vec<(String, String, String)>,
     pub machine: Machine,
-    /// `--compare`: the earlier session's tail and the link to its README.
-    pub compare: Option<(compare::TailFacts, String)>,
+    /// `--compare`: the link to the earlier session's README, relative to this one (its
+    /// tail is read from the files beside it).
+    pub compare: Option<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Read before anything runs, so a bad --compare costs nothing.
-    let earlier = args
-        .compare
-        .as_deref()
-        .map(|dir| {
-            compare::TailFacts::read(dir)
-                .with_context(|| format!("--compare {}: not a session directory", dir.display()))
-        })
-        .transpose()?;
+    if let Some(dir) = &args.compare {
+        compare::TailFacts::read(dir)
+            .with_context(|| format!("--compare {}: not a session directory", dir.display()))?;
+    }
     crate::privilege::Runner::detect().authorize("cargo xtask profile")?;
     // `cargo build -p tracer` below needs the eBPF toolchain; a fresh machine gets it here.
     crate::setup::ensure()?;
@@ -220,11 +221,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ]),
                 Duration::from_secs(300),
             )?;
-            let json: serde_json::Value = serde_json::from_slice(&fs::read(&find_max)?)?;
-            let max = json["max_rate"]
-                .as_f64()
-                .context("find-max.json has no max_rate")?;
-            (max, "`loadgen --find-max` (find-max.json)".to_owned())
+            let found: session::loadgen::FindMax = read_json(&find_max)?;
+            (
+                found.max_rate,
+                "`loadgen --find-max` (find-max.json)".to_owned(),
+            )
         }
     };
     ensure!(
@@ -369,9 +370,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         target_rate,
         pinning,
         machine,
-        compare: earlier
-            .zip(args.compare.as_deref())
-            .map(|(facts, dir)| (facts, relative_link(&out, &dir.join("README.md")))),
+        compare: (args.compare.as_deref()).map(|dir| relative_link(&out, &dir.join("README.md"))),
     };
     let readme = readme::write(&out, &facts)?;
     compress_requests_csv(&out)?;

@@ -2,7 +2,6 @@
 //! from each run's own files so that it cannot drift from them. A unit test regenerates it
 //! and compares it with the committed file.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -48,18 +47,6 @@ struct Machine {
     date: String,
 }
 
-/// A min/median/max; only the median is shown.
-#[derive(Deserialize)]
-struct Spread {
-    median: f64,
-}
-
-/// A session's probe effect is read as its README reads it: the median of the paired ratios.
-#[derive(Deserialize)]
-struct Paired {
-    paired_ratio: Spread,
-}
-
 /// Validation runs report the ratio of the arms' medians.
 #[derive(Deserialize)]
 struct OfMedians {
@@ -76,49 +63,6 @@ struct Metrics<R> {
 #[derive(Deserialize)]
 struct Comparison<R> {
     metrics: Metrics<R>,
-}
-
-/// `probe-effect.json` of a session.
-#[derive(Deserialize)]
-struct ProbeEffect {
-    comparison: Comparison<Paired>,
-}
-
-/// `loadgen.json` of a session's traced window.
-#[derive(Deserialize)]
-struct Loadgen {
-    requested_rate: f64,
-}
-
-/// `find-max.json` of a session.
-#[derive(Deserialize)]
-struct FindMax {
-    max_rate: f64,
-}
-
-#[derive(Deserialize)]
-struct TailPart {
-    share: Option<f64>,
-}
-
-#[derive(Deserialize)]
-struct Tail {
-    parts: BTreeMap<String, TailPart>,
-}
-
-/// Mean probe hits per complete request; the site hits tell tracer generations apart.
-#[derive(Deserialize)]
-struct HitsPerRequest {
-    sites: f64,
-}
-
-/// `breakdown.json` of a session.
-#[derive(Deserialize)]
-struct Breakdown {
-    requests: u64,
-    lost_events: u64,
-    tail: Tail,
-    hits_per_request: HitsPerRequest,
 }
 
 #[derive(Deserialize)]
@@ -139,6 +83,12 @@ struct MaxRate {
 #[derive(Deserialize)]
 struct ValidationCost {
     hits_per_request: HitsPerRequest,
+}
+
+/// Mean probe hits per complete request; the site hits tell tracer generations apart.
+#[derive(Deserialize)]
+struct HitsPerRequest {
+    sites: f64,
 }
 
 /// `validation.json` of a validation run.
@@ -241,24 +191,27 @@ fn session(dir: &Path, name: &str) -> anyhow::Result<Run> {
         date: header_line(&readme, "date", &readme_path)?.to_owned(),
     };
     let delay_ms = command_flag(&readme, "--delay-ms", &readme_path)?;
-    let loadgen: Loadgen = read_json(&dir.join("loadgen.json"))?;
+    let loadgen: session::loadgen::Summary = read_json(&dir.join("loadgen.json"))?;
+    let requested_rate = (loadgen.requested_rate)
+        .with_context(|| format!("{}: not an open loop", dir.join("loadgen.json").display()))?;
     // A session given `--max-rate` searched nothing and has no find-max.json.
     let max_rate = match command_flag(&readme, "--max-rate", &readme_path) {
         Ok(given) => given
             .parse::<f64>()
             .with_context(|| format!("{}: --max-rate `{given}`", readme_path.display()))?,
-        Err(_) => read_json::<FindMax>(&dir.join("find-max.json"))?.max_rate,
+        Err(_) => read_json::<session::loadgen::FindMax>(&dir.join("find-max.json"))?.max_rate,
     };
-    let breakdown: Breakdown = read_json(&dir.join("breakdown.json"))?;
+    let breakdown: session::breakdown::Breakdown = read_json(&dir.join("breakdown.json"))?;
     let load = format!(
         "{:.0}% of max ({:.0} req/s), {delay_ms} ms upstream",
-        loadgen.requested_rate / max_rate * 100.0,
-        loadgen.requested_rate
+        requested_rate / max_rate * 100.0,
+        requested_rate
     );
-    let (top, top_share) = breakdown
-        .tail
-        .parts
-        .iter()
+    // By name, so a tie goes to the same part whatever order the file lists them in.
+    let mut parts: Vec<_> = breakdown.tail.parts.iter().collect();
+    parts.sort_by(|a, b| a.0.cmp(b.0));
+    let (top, top_share) = parts
+        .into_iter()
         .filter_map(|(part, p)| p.share.map(|share| (part, share)))
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .with_context(|| {
@@ -275,14 +228,20 @@ fn session(dir: &Path, name: &str) -> anyhow::Result<Run> {
     );
     let effect_path = dir.join("probe-effect.json");
     if effect_path.exists() {
-        let effect: ProbeEffect = read_json(&effect_path)?;
+        // Read as the session's README reads it: the median of the paired ratios.
+        let effect: session::effect::ProbeEffect = read_json(&effect_path)?;
         let m = &effect.comparison.metrics;
+        let paired = |metric: &session::effect::Metric| {
+            (metric.paired_ratio.median)
+                .map(ratio)
+                .with_context(|| format!("{}: an unmeasured paired ratio", effect_path.display()))
+        };
         let _ = write!(
             headline,
             "; probe effect p50 {}, p99 {}, CPU/request {}",
-            ratio(m.p50_us.paired_ratio.median),
-            ratio(m.p99_us.paired_ratio.median),
-            ratio(m.gateway_cpu_us_per_request.paired_ratio.median),
+            paired(&m.p50_us)?,
+            paired(&m.p99_us)?,
+            paired(&m.gateway_cpu_us_per_request)?,
         );
     }
     Ok(Run {
@@ -393,48 +352,26 @@ fn run_dirs(profiles: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
 /// The whole of profiles/README.md.
 pub fn render(profiles: &Path) -> anyhow::Result<String> {
+    use askama::Template as _;
     let mut runs = run_dirs(profiles)?
         .iter()
         .map(|dir| read_run(dir))
         .collect::<anyhow::Result<Vec<_>>>()?;
     runs.sort_by(|a, b| (&a.machine.date, &a.name).cmp(&(&b.machine.date, &b.name)));
-    let mut out = String::new();
-    out += "# Recorded runs\n\n";
-    out += "Generated by `cargo xtask profiles-index` from each run's own files (its header, \
-            breakdown.json, probe-effect.json, validation.json, results.json); do not edit. \
-            Each run's report names its full command and pinning.\n\n";
-    out += "- **session**: `cargo xtask profile`, a tail session; the headline is the tail's \
-            largest part and, where recorded, the session's own probe effect (traced / \
-            untraced, median of the paired windows).\n";
-    out += "- **validation**: `cargo xtask validate`, the tracer's accuracy and probe effect; \
-            the headline is traced / untraced (ratio of the arms' medians).\n";
-    out += "- **bench**: `cargo xtask bench`, the overhead matrix without the tracer; the \
-            headline is the gateway's added p99 over its upstream at 25% of max, against the \
-            1 ms gate.\n\n";
-    out += "Site hits per request are the probe-site traps a traced request costs: about 34 for \
-            the first tracer, about 9 for the lean set, about 18 with `--phases`.\n\n";
-    out += "Compare ratios, not absolute figures: the host's speed moves from hour to hour.\n\n";
-    out +=
-        "| run | kind | date (UTC) | commit | host CPU | load | site hits / request | headline |\n";
-    out += "|---|---|---|---|---|---|---|---|\n";
-    for run in &runs {
-        let _ = writeln!(
-            out,
-            "| [{}]({}) | {} | {} | `{}` | {} × {} | {} | {} | {} |",
-            run.name,
-            run.report,
-            run.kind,
-            run.machine.date.replace('T', " ").trim_end_matches('Z'),
-            run.machine.commit.get(..7).unwrap_or(&run.machine.commit),
-            run.machine.cpus,
-            run.machine.cpu_model,
-            run.load,
-            run.site_hits
-                .map_or_else(|| "—".to_owned(), |hits| format!("{hits:.1}")),
-            run.headline
-        );
+    Ok(Index {
+        runs,
+        gate_ms: session::targets::GATE_P99_ADDED_US.limit() / 1e3,
     }
-    Ok(out)
+    .render()?)
+}
+
+/// profiles/README.md: `templates/profiles_index.md` over the runs.
+#[derive(askama::Template)]
+#[template(path = "profiles_index.md", escape = "none")]
+struct Index {
+    runs: Vec<Run>,
+    /// The bench's gate, in ms.
+    gate_ms: f64,
 }
 
 #[cfg(test)]

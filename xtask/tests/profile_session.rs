@@ -94,6 +94,7 @@ fn check_session(out: &Path) {
         "trace.json",
         "pictures.json",
         "probe-effect.json",
+        "profile.json",
         "tail-offcpu.svg",
     ]
     .iter()
@@ -111,6 +112,13 @@ fn check_session(out: &Path) {
         out.join("requests.csv.gz").is_file() || out.join("requests.csv").is_file(),
         "requests.csv(.gz) missing"
     );
+    // The files read through the model: a key the tracer writes and the model does not know
+    // fails here.
+    let breakdown: session::breakdown::Breakdown =
+        serde_json::from_slice(&std::fs::read(out.join("breakdown.json")).unwrap()).unwrap();
+    assert!(breakdown.calibration.is_some(), "the session calibrates");
+    let _: session::pictures::Pictures =
+        serde_json::from_slice(&std::fs::read(out.join("pictures.json")).unwrap()).unwrap();
     let readme = std::fs::read_to_string(out.join("README.md")).unwrap();
     let first_section = readme.find("\n## ").expect("README.md has sections");
     assert!(

@@ -30,30 +30,29 @@ pub fn target_socks_evicted_at_least(drops: &Drops) -> u64 {
         .saturating_sub(u64::from(TARGET_SOCKS_ENTRIES))
 }
 
-pub fn to_json(drops: &Drops) -> serde_json::Value {
-    serde_json::json!({
-        "tids_full": drops.tids_full,
-        "in_flight_full": drops.in_flight_full,
-        "stack_failed": drops.stack_failed,
-        "forced_wakeups": drops.forced_wakeups,
-        "target_socks_evicted_at_least": target_socks_evicted_at_least(drops),
-    })
+/// breakdown.json's `drops` section, before what user space adds to it
+/// (`established_unclaimed`, and the two below).
+pub fn to_model(drops: &Drops) -> session::breakdown::Drops {
+    session::breakdown::Drops {
+        tids_full: drops.tids_full,
+        in_flight_full: drops.in_flight_full,
+        stack_failed: drops.stack_failed,
+        forced_wakeups: drops.forced_wakeups,
+        target_socks_evicted_at_least: Some(target_socks_evicted_at_least(drops)),
+        ..session::breakdown::Drops::default()
+    }
 }
 
 /// Adds the kernel's `recursion_misses` (programs skipped because another BPF program ran on
 /// the CPU; per program, by name) to the `drops` section: their sum, and the programs that
 /// had any. Returns the warning to print, if any was skipped.
 pub fn add_recursion_misses(
-    drops: &mut serde_json::Value,
+    drops: &mut session::breakdown::Drops,
     misses: &[(String, u64)],
 ) -> Option<String> {
     let total: u64 = misses.iter().map(|(_, n)| n).sum();
-    let by_program: serde_json::Map<String, serde_json::Value> = misses
-        .iter()
-        .map(|(name, n)| (name.clone(), (*n).into()))
-        .collect();
-    drops["recursion_misses"] = total.into();
-    drops["recursion_misses_by_program"] = by_program.into();
+    drops.recursion_misses = Some(Some(total));
+    drops.recursion_misses_by_program = Some(misses.iter().cloned().collect());
     (total > 0).then(|| {
         let names: Vec<String> = misses.iter().map(|(n, c)| format!("{n} {c}")).collect();
         format!(
@@ -69,21 +68,17 @@ pub fn add_recursion_misses(
 /// section: the sum and the programs with any, or null where the kernel does not say (0
 /// unless syscalls were kprobes). Returns the warning to print, if any exit was missed.
 pub fn add_kretprobe_missed(
-    drops: &mut serde_json::Value,
+    drops: &mut session::breakdown::Drops,
     missed: Option<&[(String, u64)]>,
 ) -> Option<String> {
     let Some(missed) = missed else {
-        drops["kretprobe_missed"] = serde_json::Value::Null;
+        drops.kretprobe_missed = Some(None);
         return None;
     };
     let total: u64 = missed.iter().map(|(_, n)| n).sum();
-    drops["kretprobe_missed"] = total.into();
-    drops["kretprobe_missed_by_program"] = missed
-        .iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(name, n)| (name.clone(), (*n).into()))
-        .collect::<serde_json::Map<_, _>>()
-        .into();
+    drops.kretprobe_missed = Some(Some(total));
+    drops.kretprobe_missed_by_program =
+        Some(missed.iter().filter(|(_, n)| *n > 0).cloned().collect());
     (total > 0).then(|| {
         format!(
             "tracer: WARNING {total} syscall exits were missed by kretprobes with no free \
@@ -134,19 +129,23 @@ mod tests {
         assert_eq!(target_socks_evicted_at_least(&drops(cap + 7, 2)), 5);
         assert_eq!(target_socks_evicted_at_least(&drops(10, 20)), 0);
         assert_eq!(
-            to_json(&drops(cap + 1, 0))["target_socks_evicted_at_least"],
-            1
+            to_model(&drops(cap + 1, 0)).target_socks_evicted_at_least,
+            Some(1)
         );
     }
 
     /// Issue 21 item 9: kretprobe misses are reported under `drops`, null where unknown.
     #[test]
     fn item9_kretprobe_missed_in_drops() {
-        let mut drops = to_json(&Drops::default());
+        let mut drops = to_model(&Drops::default());
         assert_eq!(add_kretprobe_missed(&mut drops, None), None);
-        assert!(drops["kretprobe_missed"].is_null());
+        assert_eq!(
+            drops.kretprobe_missed,
+            Some(None),
+            "null: the kernel does not say"
+        );
         assert_eq!(add_kretprobe_missed(&mut drops, Some(&[])), None);
-        assert_eq!(drops["kretprobe_missed"], 0);
+        assert_eq!(drops.kretprobe_missed, Some(Some(0)));
         let missed = [
             ("kretprobe_sys_read".to_owned(), 4),
             ("kretprobe_sys_write".to_owned(), 0),
@@ -154,8 +153,8 @@ mod tests {
         let warning = add_kretprobe_missed(&mut drops, Some(&missed)).unwrap();
         assert!(warning.contains("4 syscall exits"), "{warning}");
         assert_eq!(
-            drops["kretprobe_missed_by_program"],
-            serde_json::json!({"kretprobe_sys_read": 4})
+            drops.kretprobe_missed_by_program,
+            Some([("kretprobe_sys_read".to_owned(), 4)].into())
         );
     }
 
@@ -163,10 +162,10 @@ mod tests {
     /// with a warning only when there are any.
     #[test]
     fn item8_recursion_misses_in_drops_with_a_warning() {
-        let mut drops = to_json(&Drops::default());
+        let mut drops = to_model(&Drops::default());
         assert_eq!(add_recursion_misses(&mut drops, &[]), None);
-        assert_eq!(drops["recursion_misses"], 0);
-        assert_eq!(drops["recursion_misses_by_program"], serde_json::json!({}));
+        assert_eq!(drops.recursion_misses, Some(Some(0)));
+        assert_eq!(drops.recursion_misses_by_program, Some([].into()));
         let misses = [
             ("sched_switch".to_owned(), 2),
             ("site_request_begin".to_owned(), 1),
@@ -176,9 +175,9 @@ mod tests {
             warning.contains("3 times") && warning.contains("sched_switch 2"),
             "{warning}"
         );
-        assert_eq!(drops["recursion_misses"], 3);
+        assert_eq!(drops.recursion_misses, Some(Some(3)));
         assert_eq!(
-            drops["recursion_misses_by_program"]["site_request_begin"],
+            drops.recursion_misses_by_program.unwrap()["site_request_begin"],
             1
         );
     }

@@ -20,7 +20,6 @@ use std::fs;
 use std::io::{self, BufWriter, Write};
 
 use anyhow::{Context, Result};
-use serde_json::json;
 
 use crate::out_dir::OutDir;
 use crate::requests::RequestRecord;
@@ -416,33 +415,58 @@ fn write_file(
         .with_context(|| format!("writing {}", dir.path().join(name).display()))
 }
 
-fn phases_json(counts: &PhaseSamples) -> serde_json::Value {
-    let by_phase: serde_json::Map<String, serde_json::Value> = tracer_ebpf::sites::Phase::ALL
-        .into_iter()
-        .map(|phase| (phase.name().to_owned(), json!(counts.phase(phase))))
-        .collect();
-    json!({ "samples": counts.samples, "phases": by_phase, "outside": counts.outside,
-            "unresolved": counts.unresolved })
+fn phase_counts(counts: &PhaseSamples) -> session::pictures::PhaseCounts {
+    session::pictures::PhaseCounts {
+        samples: counts.samples,
+        phases: (tracer_ebpf::sites::Phase::ALL.into_iter())
+            .map(|phase| (phase.name().to_owned(), counts.phase(phase)))
+            .collect(),
+        outside: counts.outside,
+        unresolved: counts.unresolved,
+    }
 }
 
 fn summary_json(s: &FlameSummary, bands: &Bands, sample_hz: Option<u64>) -> String {
-    let value = json!({
-        "requests": s.requests,
-        "tail": { "above_overhead_ns": bands.tail_above_ns, "requests": s.tail_requests,
-                  "samples": s.tail_samples, "offcpu_ns": s.tail_offcpu_ns },
-        "median_band": { "overhead_ns": [bands.median_lo_ns, bands.median_hi_ns], "requests": s.median_requests,
-                         "samples": s.median_samples },
-        "all_samples": s.all_samples,
-        "wait": s.wait.as_ref().map(WaitSummary::to_json),
-        "wait_all": s.wait_all.as_ref().map(WaitSummary::to_json),
-        "wait_all_of": s.wait_all.as_ref().map(|_| if s.wait_all_every { "every request" } else { "a uniform 1-in-16 sample" }),
-        "phase_samples": { "sample_hz": sample_hz, "tail": phases_json(&s.phases.tail),
-                           "median": phases_json(&s.phases.median), "all": phases_json(&s.phases.all) },
-        "trace": { "slowest_req_ids": s.slowest_ids, "median_req_ids": s.median_ids,
-                   "thread_tracks": s.trace.thread_tracks, "complete_events": s.trace.events },
-        "kernel_symbols": s.kernel_names,
-    });
-    let mut text = serde_json::to_string_pretty(&value).expect("a json value serializes");
+    use session::pictures::{BandPhases, MedianBand, Pictures, Tail, Trace};
+    let pictures = Pictures {
+        requests: s.requests,
+        tail: Tail {
+            above_overhead_ns: bands.tail_above_ns,
+            requests: s.tail_requests,
+            samples: s.tail_samples,
+            offcpu_ns: s.tail_offcpu_ns,
+        },
+        median_band: MedianBand {
+            overhead_ns: [bands.median_lo_ns, bands.median_hi_ns],
+            requests: s.median_requests,
+            samples: s.median_samples,
+        },
+        all_samples: s.all_samples,
+        wait: s.wait.as_ref().map(WaitSummary::to_model),
+        wait_all: s.wait_all.as_ref().map(WaitSummary::to_model),
+        wait_all_of: Some(s.wait_all.as_ref().map(|_| {
+            if s.wait_all_every {
+                "every request"
+            } else {
+                "a uniform 1-in-16 sample"
+            }
+            .to_owned()
+        })),
+        phase_samples: Some(BandPhases {
+            sample_hz,
+            tail: phase_counts(&s.phases.tail),
+            median: phase_counts(&s.phases.median),
+            all: phase_counts(&s.phases.all),
+        }),
+        trace: Trace {
+            slowest_req_ids: s.slowest_ids.clone(),
+            median_req_ids: s.median_ids.clone(),
+            thread_tracks: s.trace.thread_tracks as u64,
+            complete_events: s.trace.events as u64,
+        },
+        kernel_symbols: s.kernel_names,
+    };
+    let mut text = serde_json::to_string_pretty(&pictures).expect("pictures.json serializes");
     text.push('\n');
     text
 }

@@ -18,8 +18,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde_json::{Value, json};
-
 use crate::requests::{Holder, Part, WriterWork};
 use crate::symbolize::{StackSource, Symbolizer};
 
@@ -171,19 +169,30 @@ impl WaitCounts {
 }
 
 impl WaitSummary {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "requests": self.requests,
-            "uncharged_requests": self.uncharged_requests,
-            "scheduling_ns": self.scheduling_ns,
-            "charged_ns": self.charged_ns,
-            "unknown_ns": self.unknown_ns,
-            "holders": self.holders.iter().map(|(h, ns)| json!({"holder": h, "ns": ns})).collect::<Vec<_>>(),
-            "receipt_ns": self.receipt_ns,
-            "receipt": self.receipt.iter()
-                .map(|(p, h, ns)| json!({"part": p, "holder": h, "ns": ns}))
-                .collect::<Vec<_>>(),
-        })
+    /// pictures.json's `wait` (or `wait_all`).
+    pub fn to_model(&self) -> session::pictures::Wait {
+        use session::pictures::{Holder, ReceiptHolder};
+        session::pictures::Wait {
+            requests: Some(self.requests),
+            uncharged_requests: Some(self.uncharged_requests),
+            scheduling_ns: self.scheduling_ns,
+            charged_ns: self.charged_ns,
+            unknown_ns: self.unknown_ns,
+            holders: (self.holders.iter())
+                .map(|(holder, ns)| Holder {
+                    holder: holder.clone(),
+                    ns: *ns,
+                })
+                .collect(),
+            receipt_ns: self.receipt_ns,
+            receipt: (self.receipt.iter())
+                .map(|(part, holder, ns)| ReceiptHolder {
+                    part: part.clone(),
+                    holder: holder.clone(),
+                    ns: *ns,
+                })
+                .collect(),
+        }
     }
 }
 

@@ -3,9 +3,10 @@
 //! Computed by re-reading `requests.csv` at the end, so memory stays bounded. [`Bands`] is the
 //! one definition of both bands: the flamegraphs and the timeline select with it too.
 
-use crate::requests::{PARTS, Part};
+use session::requests::RequestRow;
+use session::stats::nearest_rank;
 
-use super::csv::Row;
+use crate::requests::{PARTS, Part};
 
 /// Which requests are "tail" and which "median", by overhead (total − upstream) in ns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,19 +35,14 @@ impl Bands {
     /// Nearest-rank percentiles of `overheads` (for callers without an aggregate, and tests):
     /// the p-th percentile is the smallest value with at least p% of values at or below it.
     pub fn nearest_rank(overheads: &[u64]) -> Option<Bands> {
-        if overheads.is_empty() {
-            return None;
-        }
         let mut sorted = overheads.to_vec();
         sorted.sort_unstable();
-        let n = sorted.len();
-        // Integer ranks: `0.55 * 200` in floating point is 110.00000000000001.
-        let at = |permille: usize| sorted[(permille * n).div_ceil(1000).clamp(1, n) - 1];
+        let at = |permille| nearest_rank(&sorted, permille);
         Some(Bands {
-            tail_above_ns: at(990),
-            median_lo_ns: at(450),
-            median_hi_ns: at(550),
-            median_ns: at(500),
+            tail_above_ns: at(990)?,
+            median_lo_ns: at(450)?,
+            median_hi_ns: at(550)?,
+            median_ns: at(500)?,
         })
     }
 
@@ -96,10 +92,10 @@ impl BandSum {
         }
     }
 
-    pub(crate) fn add(&mut self, row: &Row) {
+    pub(crate) fn add(&mut self, row: &RequestRow) {
         self.requests += 1;
         self.overhead += u128::from(row.overhead_ns);
-        for (s, &ns) in self.sums.iter_mut().zip(&row.parts) {
+        for (s, ns) in self.sums.iter_mut().zip(row.parts()) {
             *s += u128::from(ns);
         }
     }

@@ -4,14 +4,14 @@
 
 mod bands;
 mod csv;
-mod json;
 mod table;
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Write};
+use std::io::BufReader;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+use session::breakdown::{BandPart, BandParts, Breakdown, MedianBand, PartStats, TailBand};
 
 use crate::aggregate::{Aggregate, Metric};
 use crate::out_dir::OutDir;
@@ -51,29 +51,31 @@ pub struct Summary {
     pub median: Band,
 }
 
-pub const REQUESTS_CSV: &str = "requests.csv";
-pub const INCOMPLETE_CSV: &str = "incomplete.csv";
-pub const BREAKDOWN_JSON: &str = "breakdown.json";
+pub use session::breakdown::FILE as BREAKDOWN_JSON;
+pub use session::requests::{INCOMPLETE_CSV, REQUESTS_CSV};
 
 /// Writes one session's files as outcomes stream in, aggregating as it goes.
 pub struct SessionWriter {
     dir: OutDir,
     meta: SessionMeta,
-    requests: BufWriter<File>,
-    incomplete: BufWriter<File>,
+    requests: ::csv::Writer<File>,
+    incomplete: ::csv::Writer<File>,
     aggregate: Aggregate,
-    /// Extra top-level sections of breakdown.json (the tracer's own cost, BPF program stats,
-    /// the kernel cross-check figures), after the standard ones, in the order added.
+    /// Extra top-level sections of breakdown.json still built as JSON (the kernel
+    /// cross-check figures, loss spans, cost), typed when the file is written.
     sections: Vec<(String, serde_json::Value)>,
+    drops: Option<session::breakdown::Drops>,
+    tracer: Option<session::breakdown::TracerCounters>,
+    calibration: Option<session::breakdown::Calibration>,
 }
 
 impl SessionWriter {
     /// Start `requests.csv` and `incomplete.csv` in `dir`.
     pub fn create(dir: &OutDir, meta: SessionMeta) -> Result<Self> {
-        let mut requests = BufWriter::new(dir.create_file(REQUESTS_CSV)?);
-        writeln!(requests, "{}", csv::header())?;
-        let mut incomplete = BufWriter::new(dir.create_file(INCOMPLETE_CSV)?);
-        writeln!(incomplete, "request_id,reason")?;
+        let requests = csv::requests_writer(dir.create_file(REQUESTS_CSV)?)
+            .context("writing the header of requests.csv")?;
+        let incomplete = csv::incomplete_writer(dir.create_file(INCOMPLETE_CSV)?)
+            .context("writing the header of incomplete.csv")?;
         Ok(SessionWriter {
             dir: dir.clone(),
             meta,
@@ -81,16 +83,19 @@ impl SessionWriter {
             incomplete,
             aggregate: Aggregate::new(),
             sections: Vec::new(),
+            drops: None,
+            tracer: None,
+            calibration: None,
         })
     }
 
     pub fn write(&mut self, outcome: &Outcome) -> Result<()> {
         self.aggregate.add(outcome);
         match outcome {
-            Outcome::Complete(r) => csv::write_row(&mut self.requests, r),
-            Outcome::Incomplete(i) => {
-                csv::write_incomplete(&mut self.incomplete, i.req_id, &i.reason)
-            }
+            Outcome::Complete(r) => self.requests.serialize(csv::row(r)),
+            Outcome::Incomplete(i) => self
+                .incomplete
+                .serialize(csv::incomplete(i.req_id, &i.reason)),
         }
         .context("writing a request row")
     }
@@ -99,6 +104,21 @@ impl SessionWriter {
     pub fn add_section(&mut self, name: &str, value: serde_json::Value) {
         self.sections.retain(|(n, _)| n != name);
         self.sections.push((name.to_owned(), value));
+    }
+
+    /// breakdown.json's `drops` section: what the kernel side dropped or could not do.
+    pub fn set_drops(&mut self, drops: session::breakdown::Drops) {
+        self.drops = Some(drops);
+    }
+
+    /// breakdown.json's `tracer` section: the tracer process's own counters.
+    pub fn set_tracer(&mut self, tracer: session::breakdown::TracerCounters) {
+        self.tracer = Some(tracer);
+    }
+
+    /// breakdown.json's `calibration` section.
+    pub fn set_calibration(&mut self, calibration: session::breakdown::Calibration) {
+        self.calibration = Some(calibration);
     }
 
     /// The running aggregate, for live progress (for example its p99 overhead).
@@ -134,11 +154,14 @@ impl SessionWriter {
             median: &median,
         };
         let mut json = breakdown(&view);
-        for (name, value) in &self.sections {
-            json = json.with(name, json::Value::from_serde(value));
+        for (name, value) in std::mem::take(&mut self.sections) {
+            add_section(&mut json, &name, value)
+                .with_context(|| format!("breakdown.json section `{name}`"))?;
         }
-        let json = json.render();
-        self.dir.write(BREAKDOWN_JSON, json.as_bytes())?;
+        json.drops = self.drops.take();
+        json.tracer = self.tracer.take();
+        json.calibration = self.calibration.take();
+        self.dir.write(BREAKDOWN_JSON, json.to_json().as_bytes())?;
         Ok(Summary {
             table: table::render(&view),
             requests: agg.requests(),
@@ -151,89 +174,86 @@ impl SessionWriter {
     }
 }
 
-fn us(ns: f64) -> json::Value {
-    json::Value::Num(ns / 1000.0)
-}
-
-fn band_json(band: &Band, extra: json::Value) -> json::Value {
-    let mut parts = json::Value::obj();
-    for part in Part::ALL {
-        let share = band.share(part).map_or(json::Value::Null, json::Value::Num);
-        let v = json::Value::obj()
-            .with("mean_us", us(band.mean_ns[part.index()]))
-            .with("share", share);
-        parts = parts.with(part.name(), v);
+/// Types a section added with [`SessionWriter::add_section`]; one the model does not
+/// describe is an error, so a renamed key fails the session's tests, not a reader later.
+fn add_section(b: &mut Breakdown, name: &str, value: serde_json::Value) -> Result<()> {
+    fn typed<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<Option<T>> {
+        Ok(Some(serde_json::from_value(value)?))
     }
-    let json::Value::Obj(mut fields) = extra else {
-        unreachable!("band extras are an object")
-    };
-    fields.push(("requests".into(), json::Value::Int(band.requests)));
-    fields.push(("mean_overhead_us".into(), us(band.mean_overhead_ns)));
-    fields.push(("parts".into(), parts));
-    json::Value::Obj(fields)
+    match name {
+        "drops" => b.drops = typed(value)?,
+        "tracer" => b.tracer = typed(value)?,
+        "kernel" => b.kernel = typed(value)?,
+        "loss_spans" => b.loss_spans = typed(value)?,
+        "cost" => b.cost = typed(value)?,
+        "calibration" => b.calibration = typed(value)?,
+        _ => bail!("not a section of the model (session::breakdown)"),
+    }
+    Ok(())
 }
 
-fn breakdown(v: &table::View<'_>) -> json::Value {
-    use json::Value::{Int, Num, Str};
+fn us(ns: f64) -> f64 {
+    ns / 1000.0
+}
+
+fn band_parts(band: &Band) -> BandParts {
+    Part::ALL
+        .iter()
+        .map(|&part| {
+            let v = BandPart {
+                mean_us: us(band.mean_ns[part.index()]),
+                share: band.share(part),
+            };
+            (part.name().to_owned(), v)
+        })
+        .collect()
+}
+
+fn breakdown(v: &table::View<'_>) -> Breakdown {
     let agg = v.agg;
-    let reasons = agg
-        .incomplete_reasons()
-        .iter()
-        .fold(json::Value::obj(), |o, (reason, n)| o.with(reason, Int(*n)));
-    let modes = v
-        .meta
-        .attach_modes
-        .iter()
-        .fold(json::Value::obj(), |o, (hook, mode)| {
-            o.with(hook, Str(mode.clone()))
-        });
-    let mut parts = json::Value::obj();
-    for metric in Metric::all() {
-        let s = agg.stats(metric);
-        let stats = json::Value::obj()
-            .with("p50_us", us(s.p50_ns as f64))
-            .with("p90_us", us(s.p90_ns as f64))
-            .with("p99_us", us(s.p99_ns as f64))
-            .with("p999_us", us(s.p999_ns as f64))
-            .with("max_us", us(s.max_ns as f64))
-            .with("mean_us", us(s.mean_ns));
-        parts = parts.with(metric.name(), stats);
+    let parts = Metric::all()
+        .map(|metric| {
+            let s = agg.stats(metric);
+            let stats = PartStats {
+                p50_us: us(s.p50_ns as f64),
+                p90_us: us(s.p90_ns as f64),
+                p99_us: us(s.p99_ns as f64),
+                p999_us: us(s.p999_ns as f64),
+                max_us: us(s.max_ns as f64),
+                mean_us: us(s.mean_ns),
+            };
+            (metric.name().to_owned(), stats)
+        })
+        .collect();
+    Breakdown {
+        pid: v.meta.pid,
+        record_args: Some(v.meta.record_args.clone()),
+        duration_s: v.end.duration_s,
+        requests: agg.requests(),
+        incomplete: agg.incomplete(),
+        incomplete_reasons: agg.incomplete_reasons().clone(),
+        lost_events: v.end.lost_events,
+        attach_modes: v.meta.attach_modes.clone(),
+        parts,
+        tail: TailBand {
+            threshold_us: us(v.bands.tail_above_ns as f64),
+            requests: v.tail.requests,
+            mean_overhead_us: us(v.tail.mean_overhead_ns),
+            parts: band_parts(v.tail),
+        },
+        median: MedianBand {
+            low_us: us(v.bands.median_lo_ns as f64),
+            high_us: us(v.bands.median_hi_ns as f64),
+            requests: v.median.requests,
+            mean_overhead_us: us(v.median.mean_overhead_ns),
+            parts: band_parts(v.median),
+        },
+        hits_per_request: agg.hits_per_request(),
+        drops: None,
+        tracer: None,
+        kernel: None,
+        loss_spans: None,
+        cost: None,
+        calibration: None,
     }
-    let h = agg.hits_per_request();
-    let hits = json::Value::obj()
-        .with("sites", Num(h.sites))
-        .with("syscalls", Num(h.syscalls))
-        .with("sock", Num(h.sock))
-        .with("sched", Num(h.sched))
-        .with("samples", Num(h.samples));
-    json::Value::obj()
-        .with("pid", Int(u64::from(v.meta.pid)))
-        .with(
-            "record_args",
-            json::Value::Arr(v.meta.record_args.iter().cloned().map(Str).collect()),
-        )
-        .with("duration_s", Num(v.end.duration_s))
-        .with("requests", Int(agg.requests()))
-        .with("incomplete", Int(agg.incomplete()))
-        .with("incomplete_reasons", reasons)
-        .with("lost_events", Int(v.end.lost_events))
-        .with("attach_modes", modes)
-        .with("parts", parts)
-        .with(
-            "tail",
-            band_json(
-                v.tail,
-                json::Value::obj().with("threshold_us", us(v.bands.tail_above_ns as f64)),
-            ),
-        )
-        .with(
-            "median",
-            band_json(
-                v.median,
-                json::Value::obj()
-                    .with("low_us", us(v.bands.median_lo_ns as f64))
-                    .with("high_us", us(v.bands.median_hi_ns as f64)),
-            ),
-        )
-        .with("hits_per_request", hits)
 }

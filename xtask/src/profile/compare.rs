@@ -3,11 +3,10 @@
 //! `tail.parts`) and how much of the tail's scheduling other processes held (pictures.json
 //! `wait.holders`), so a conclusion drawn from an earlier, costlier tracer can be checked.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::Context as _;
-use serde::Deserialize;
+use session::breakdown::Breakdown;
+use session::pictures::Pictures;
 
 use crate::workspace::read_json;
 
@@ -23,91 +22,40 @@ pub struct TailFacts {
     pub other_processes: Option<f64>,
 }
 
-#[derive(Deserialize)]
-struct Breakdown {
-    attach_modes: BTreeMap<String, String>,
-    tail: Band,
-}
-
-#[derive(Deserialize)]
-struct Band {
-    parts: BTreeMap<String, PartShare>,
-}
-
-#[derive(Deserialize)]
-struct PartShare {
-    share: Option<f64>,
-}
-
-#[derive(Deserialize)]
-struct Pictures {
-    wait: Option<Wait>,
-}
-
-#[derive(Deserialize)]
-struct Wait {
-    holders: Vec<Held>,
-}
-
-#[derive(Deserialize)]
-struct Held {
-    holder: String,
-    ns: u64,
-}
-
 /// The holder label of a task outside the gateway (`flame::wait`'s wording).
 const OTHER_PROCESS: &str = "other process";
 
 impl TailFacts {
     pub fn read(dir: &Path) -> anyhow::Result<Self> {
         Ok(Self::new(
-            read_json(&dir.join("breakdown.json"))?,
-            read_json(&dir.join("pictures.json"))?,
+            &read_json(&dir.join(session::breakdown::FILE))?,
+            &read_json(&dir.join(session::pictures::FILE))?,
         ))
     }
 
     /// The same from a session's files already read.
-    pub fn from_session(
-        breakdown: &serde_json::Value,
-        pictures: &serde_json::Value,
-    ) -> anyhow::Result<Self> {
-        Ok(Self::new(
-            Breakdown::deserialize(breakdown).context("breakdown.json")?,
-            Pictures::deserialize(pictures).context("pictures.json")?,
-        ))
-    }
-
-    fn new(breakdown: Breakdown, pictures: Pictures) -> Self {
-        let mut ranking: Vec<(String, f64)> = breakdown
-            .tail
-            .parts
+    pub fn new(breakdown: &Breakdown, pictures: &Pictures) -> Self {
+        let ranking: Vec<(String, f64)> = Breakdown::by_share(&breakdown.tail.parts)
             .into_iter()
-            .filter_map(|(name, p)| Some((name, p.share?)))
+            .filter_map(|(name, p)| Some((name.to_owned(), p.share?)))
             .filter(|(_, share)| *share > 0.0)
             .collect();
-        ranking.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        let other_processes = pictures.wait.map(|wait| {
+        let other_processes = pictures.wait.as_ref().map(|wait| {
             let total: u64 = wait.holders.iter().map(|h| h.ns).sum();
-            let other: u64 = wait
-                .holders
-                .iter()
+            let other: u64 = (wait.holders.iter())
                 .filter(|h| h.holder.starts_with(OTHER_PROCESS))
                 .map(|h| h.ns)
                 .sum();
             other as f64 / total.max(1) as f64
         });
         TailFacts {
-            mode: breakdown
-                .attach_modes
-                .get("mode")
-                .cloned()
-                .unwrap_or_default(),
+            mode: breakdown.mode().unwrap_or_default().to_owned(),
             ranking,
             other_processes,
         }
     }
 
-    fn top(&self) -> String {
+    pub fn top(&self) -> String {
         self.ranking
             .iter()
             .take(3)
@@ -117,68 +65,88 @@ impl TailFacts {
     }
 }
 
+/// How the ranking of the tail's first three parts moved.
+enum Ranking {
+    Holds,
+    /// The same largest part, another order after it.
+    SameFirst(String),
+    /// The largest part then, and now ("none" without one).
+    Changed(String, String),
+}
+
 /// The Reading point: `then` is the earlier session (its README linked as `link`).
+#[derive(askama::Template)]
+#[template(path = "profile/compare.md", escape = "none")]
+struct Reading<'a> {
+    now: &'a TailFacts,
+    then: &'a TailFacts,
+    link: &'a str,
+    ranking: Ranking,
+}
+
+impl Reading<'_> {
+    /// "25%", or "not measured".
+    fn pct(&self, x: &Option<f64>) -> String {
+        x.map_or("not measured".to_owned(), |x| format!("{:.0}%", x * 100.0))
+    }
+}
+
 pub fn reading(now: &TailFacts, then: &TailFacts, link: &str) -> String {
+    use askama::Template as _;
     let first = |t: &TailFacts| t.ranking.first().map(|(n, _)| n.clone());
     let order = |t: &TailFacts| -> Vec<String> {
         t.ranking.iter().take(3).map(|(n, _)| n.clone()).collect()
     };
     let ranking = if order(now) == order(then) {
-        "the ranking of the first three parts holds".to_owned()
+        Ranking::Holds
     } else if first(now) == first(then) {
-        format!(
-            "the largest part is the same ({}), the order after it changed",
-            first(now).unwrap_or_default()
-        )
+        Ranking::SameFirst(first(now).unwrap_or_default())
     } else {
-        format!(
-            "the ranking changed: the largest part was {} and is now {}",
-            first(then).unwrap_or_else(|| "none".to_owned()),
-            first(now).unwrap_or_else(|| "none".to_owned())
-        )
+        let name = |t| first(t).unwrap_or_else(|| "none".to_owned());
+        Ranking::Changed(name(then), name(now))
     };
-    let pct =
-        |x: Option<f64>| x.map_or("not measured".to_owned(), |x| format!("{:.0}%", x * 100.0));
-    format!(
-        "Against the earlier session [{link}]({link}) (tracer mode `{}`): the tail's parts were {} then and are {} now, so {ranking}. \
-         Other processes held {} of the tail's charged scheduling then and {} now.",
-        then.mode,
-        then.top(),
-        now.top(),
-        pct(then.other_processes),
-        pct(now.other_processes),
-    )
+    Reading {
+        now,
+        then,
+        link,
+        ranking,
+    }
+    .render()
+    .expect("the comparison renders")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-    use std::fs;
+    use session::pictures::Holder;
 
-    fn session(dir: &Path, shares: &[(&str, f64)], other_ns: u64) {
-        let parts: serde_json::Map<String, serde_json::Value> = shares
-            .iter()
-            .map(|(n, s)| ((*n).to_owned(), json!({ "mean_us": 1.0, "share": s })))
-            .chain([(
-                "upstream".to_owned(),
-                json!({ "mean_us": 5.0, "share": null }),
-            )])
-            .collect();
-        let breakdown = json!({ "attach_modes": { "mode": "lean + sample-hz=999" },
-                                "tail": { "threshold_us": 1.0, "parts": parts } });
-        let pictures = json!({ "wait": { "holders": [
-            { "holder": "other process · kworker/0:1H (pid 54)", "ns": other_ns },
-            { "holder": "another request · cpu", "ns": 1000 - other_ns } ] } });
-        fs::write(dir.join("breakdown.json"), breakdown.to_string()).unwrap();
-        fs::write(dir.join("pictures.json"), pictures.to_string()).unwrap();
+    /// A recorded session with its tail's shares and the other processes' wait replaced.
+    fn session(shares: &[(&str, f64)], other_ns: u64) -> TailFacts {
+        let (mut breakdown, mut pictures, ..) =
+            crate::profile::readme::tests::recorded("2026-12-02-25pct-0ms-hardened");
+        for part in breakdown.tail.parts.values_mut() {
+            part.share = part.share.map(|_| 0.0);
+        }
+        for (name, share) in shares {
+            breakdown.tail.parts[*name].share = Some(*share);
+        }
+        breakdown
+            .attach_modes
+            .insert("mode".to_owned(), "lean + sample-hz=999".to_owned());
+        let holder = |holder: &str, ns| Holder {
+            holder: holder.to_owned(),
+            ns,
+        };
+        pictures.wait.as_mut().unwrap().holders = vec![
+            holder("other process · kworker/0:1H (pid 54)", other_ns),
+            holder("another request · cpu", 1000 - other_ns),
+        ];
+        TailFacts::new(&breakdown, &pictures)
     }
 
     #[test]
     fn a_changed_ranking_and_the_other_processes_share_are_said() {
-        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        session(
-            a.path(),
+        let then = session(
             &[
                 ("scheduling", 0.52),
                 ("ledger_fsync", 0.36),
@@ -186,8 +154,7 @@ mod tests {
             ],
             250,
         );
-        session(
-            b.path(),
+        let now = session(
             &[
                 ("ledger_fsync", 0.58),
                 ("scheduling", 0.32),
@@ -195,9 +162,8 @@ mod tests {
             ],
             100,
         );
-        let then = TailFacts::read(a.path()).unwrap();
-        let now = TailFacts::read(b.path()).unwrap();
         assert_eq!(then.other_processes, Some(0.25));
+        assert_eq!(then.mode, "lean + sample-hz=999");
         let text = reading(&now, &then, "../old");
         assert!(
             text.contains("the largest part was scheduling and is now ledger_fsync"),

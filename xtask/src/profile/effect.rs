@@ -1,255 +1,88 @@
-//! The session's own probe effect (probe-effect.json): windows of the session's open loop with
-//! and without the session's tracer, and what the README says of them.
+//! The session's own probe effect (probe-effect.json, `session::effect`): windows of the
+//! session's open loop with and without the session's tracer, and what the README says of
+//! them. The verdicts are the model's (`ProbeEffect::over_budget`, against
+//! `session::targets::PROBE_EFFECT_RATIO`); this only words them.
 
-use std::fmt::Write as _;
+use askama::Template as _;
+use session::effect::{Metric, ProbeEffect, Ratio, Spread};
 
-use serde::Deserialize;
-
-/// A traced/untraced ratio above this (p50, p99, p99.9, or the gateway's CPU per request) puts
-/// a WARNING at the top of the session's README.
-pub const BUDGET: f64 = 1.10;
-
-/// probe-effect.json.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProbeEffect {
-    /// The `tracer record` flags of the windows and of the session alike.
-    pub tracer_flags: Vec<String>,
-    pub windows_per_arm: u64,
-    pub window_s: f64,
-    pub comparison: Comparison,
-    pub windows: Vec<Window>,
-}
-
-/// `tracer-validate ab`'s output.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Comparison {
-    pub traced_windows: usize,
-    pub untraced_windows: usize,
-    pub pairs: usize,
-    pub metrics: Metrics,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Metrics {
-    pub p50_us: Metric,
-    pub p99_us: Metric,
-    pub p999_us: Metric,
-    pub gateway_cpu_us_per_request: Metric,
-    pub cpu0_busy: Metric,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Metric {
-    pub traced: Spread,
-    pub untraced: Spread,
-    pub ratio_of_medians: Option<f64>,
-    /// traced/untraced of neighbouring windows, over the pairs.
-    pub paired_ratio: Spread,
-}
-
-/// Median, min and max; null where an arm had no finite value.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Spread {
-    pub median: Option<f64>,
-    pub min: Option<f64>,
-    pub max: Option<f64>,
-}
-
-/// One window, as `ab::windows` writes it.
-#[derive(Debug, Deserialize)]
-pub struct Window {
-    pub index: usize,
-    pub arm: Arm,
-    pub p50_us: f64,
-    pub p99_us: f64,
-    pub p999_us: f64,
-    pub ok: u64,
-    pub achieved_rate: f64,
-    pub gateway_cpu_us_per_request: Option<f64>,
-    pub tracer_cpu_cores: Option<f64>,
-    pub tracer_lost_events: Option<u64>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Arm {
-    Traced,
-    Untraced,
-}
-
-/// One budgeted ratio, by name.
-pub struct Ratio<'a> {
-    pub name: &'static str,
-    pub metric: &'a Metric,
-}
-
-impl ProbeEffect {
-    /// The ratios the budget applies to, in the order the README gives them.
-    pub fn ratios(&self) -> [Ratio<'_>; 4] {
-        let m = &self.comparison.metrics;
-        [
-            Ratio {
-                name: "client p50",
-                metric: &m.p50_us,
-            },
-            Ratio {
-                name: "client p99",
-                metric: &m.p99_us,
-            },
-            Ratio {
-                name: "client p99.9",
-                metric: &m.p999_us,
-            },
-            Ratio {
-                name: "gateway CPU per request",
-                metric: &m.gateway_cpu_us_per_request,
-            },
-        ]
-    }
-
-    /// The ratios whose median over the pairs exceeds [`BUDGET`], or that could not be
-    /// measured (an arm without a finite figure counts as over: nothing says it is within).
-    pub fn over_budget(&self) -> Vec<(&'static str, Option<f64>)> {
-        self.ratios()
-            .iter()
-            .map(|r| (r.name, r.metric.paired_ratio.median))
-            .filter(|(_, ratio)| ratio.is_none_or(|x| x > BUDGET))
-            .collect()
-    }
-
-    /// Median over the traced windows of the tracer process's CPU, in cores.
-    pub fn tracer_cores(&self) -> Option<f64> {
-        let cores = crate::ab::median(self.traced().filter_map(|w| w.tracer_cpu_cores).collect());
-        cores.is_finite().then_some(cores)
-    }
-
-    /// Events lost in the traced windows, summed.
-    pub fn lost_events(&self) -> u64 {
-        self.traced().filter_map(|w| w.tracer_lost_events).sum()
-    }
-
-    fn traced(&self) -> impl Iterator<Item = &Window> {
-        self.windows.iter().filter(|w| w.arm == Arm::Traced)
-    }
-
-    /// The WARNING the README opens with when the effect is over budget.
-    pub fn warning(&self) -> Option<String> {
-        let over = self.over_budget();
-        (!over.is_empty()).then(|| {
-            let list: Vec<String> = over
-                .iter()
-                .map(|(name, ratio)| match ratio {
-                    Some(x) => format!("{name} ×{x:.2}"),
-                    None => format!("{name} (not measured)"),
-                })
-                .collect();
-            format!(
-                "**WARNING: this session's tracer exceeds the ×{BUDGET:.2} probe-effect budget**: \
-                 {}. The traced figures below describe the gateway with the tracer's cost in \
-                 them; the Reading compares the traced tail with the untraced client tail first.",
-                list.join(", ")
-            )
-        })
-    }
-
-    /// The one-paragraph **Probe effect** line at the top of the README.
-    pub fn line(&self) -> String {
-        let c = &self.comparison;
-        let ratios: Vec<String> = self
-            .ratios()
-            .iter()
-            .map(|r| format!("{} {}", r.name, spread(&r.metric.paired_ratio)))
-            .collect();
-        format!(
-            "**Probe effect** (traced/untraced, median of {} window pairs (min–max); {} traced \
-             and {} untraced windows of {} s of the session's own open loop, in flipping \
-             pairs, the tracer attached with the session's flags `{}` in the traced ones only; \
-             probe-effect.json): {}; tracer process {} of a core (median of the traced \
-             windows); {} events lost in the traced windows.",
-            c.pairs,
-            c.traced_windows,
-            c.untraced_windows,
-            self.window_s,
-            self.tracer_flags.join(" "),
-            ratios.join(", "),
-            self.tracer_cores()
-                .map_or("unmeasured".to_owned(), |x| format!("{x:.3}")),
-            self.lost_events(),
-        )
-    }
-
-    /// The ratios per metric, then the windows one by one, for the README's probe-effect
-    /// section.
-    pub fn table(&self) -> String {
-        let mut md = String::new();
-        let opt2 = |x: Option<f64>| x.map_or("–".to_owned(), |x| format!("{x:.3}"));
-        let _ = writeln!(
-            md,
-            "{} windows per arm. Values: median over an arm's windows; the paired ratio is traced/untraced of neighbouring windows, median (min–max).\n",
-            self.windows_per_arm
-        );
-        let _ = writeln!(
-            md,
-            "| metric | untraced | traced | ratio of medians | paired ratio |\n|---|---|---|---|---|"
-        );
-        let m = &self.comparison.metrics;
-        for (name, metric) in self
-            .ratios()
-            .iter()
-            .map(|r| (r.name, r.metric))
-            .chain([("CPU 0 busy share", &m.cpu0_busy)])
-        {
-            let _ = writeln!(
-                md,
-                "| {name} | {} | {} | {} | {} |",
-                opt2(metric.untraced.median),
-                opt2(metric.traced.median),
-                opt2(metric.ratio_of_medians),
-                spread(&metric.paired_ratio),
-            );
+/// Formatting the templates share.
+trait Words {
+    /// `×1.03 (0.97–1.10)`, or "unmeasured".
+    fn spread(&self, s: &Spread) -> String {
+        match (s.median, s.min, s.max) {
+            (Some(m), Some(lo), Some(hi)) => format!("×{m:.2} ({lo:.2}–{hi:.2})"),
+            _ => "unmeasured".to_owned(),
         }
-        md.push('\n');
-        let _ = writeln!(
-            md,
-            "| window | arm | p50 µs | p99 µs | p99.9 µs | 2xx | req/s | gateway CPU µs/req | tracer cores | events lost |\n|---|---|---|---|---|---|---|---|---|---|"
-        );
-        let opt =
-            |x: Option<f64>, digits: usize| x.map_or("–".to_owned(), |x| format!("{x:.digits$}"));
-        for w in &self.windows {
-            let _ = writeln!(
-                md,
-                "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.0} | {} | {} | {} |",
-                w.index,
-                match w.arm {
-                    Arm::Traced => "traced",
-                    Arm::Untraced => "untraced",
-                },
-                w.p50_us,
-                w.p99_us,
-                w.p999_us,
-                w.ok,
-                w.achieved_rate,
-                opt(w.gateway_cpu_us_per_request, 1),
-                opt(w.tracer_cpu_cores, 3),
-                w.tracer_lost_events
-                    .map_or("–".to_owned(), |n| n.to_string()),
-            );
-        }
-        md
+    }
+
+    /// `x` to `digits` decimals, "–" when missing.
+    fn opt(&self, x: &Option<f64>, digits: usize) -> String {
+        x.map_or("–".to_owned(), |x| format!("{x:.digits$}"))
     }
 }
 
-/// `×1.03 (0.97–1.10)`.
-fn spread(s: &Spread) -> String {
-    match (s.median, s.min, s.max) {
-        (Some(m), Some(lo), Some(hi)) => format!("×{m:.2} ({lo:.2}–{hi:.2})"),
-        _ => "unmeasured".to_owned(),
+/// The WARNING the README opens with when the effect is over budget.
+#[derive(askama::Template)]
+#[template(path = "profile/effect_warning.md", escape = "none")]
+struct Warning {
+    budget: f64,
+    /// The ratios that do not meet it, with their figure (none: unmeasured).
+    over: Vec<(&'static str, Option<f64>)>,
+}
+
+/// The one-paragraph **Probe effect** line at the top of the README.
+#[derive(askama::Template)]
+#[template(path = "profile/effect_line.md", escape = "none")]
+struct Line<'a> {
+    e: &'a ProbeEffect,
+    c: &'a session::effect::Comparison,
+    ratios: [Ratio<'a>; 4],
+}
+
+impl Words for Line<'_> {}
+
+/// The ratios per metric, then the windows one by one, for the README's probe-effect
+/// section.
+#[derive(askama::Template)]
+#[template(path = "profile/effect_table.md", escape = "none")]
+struct Table<'a> {
+    e: &'a ProbeEffect,
+    metrics: Vec<(&'static str, &'a Metric)>,
+}
+
+impl Words for Table<'_> {}
+
+pub fn warning(effect: &ProbeEffect) -> Option<String> {
+    let over = effect.over_budget();
+    (!over.is_empty()).then(|| {
+        Warning {
+            budget: ProbeEffect::BUDGET.limit(),
+            over,
+        }
+        .render()
+        .expect("the warning template renders")
+    })
+}
+
+pub fn line(effect: &ProbeEffect) -> String {
+    Line {
+        e: effect,
+        c: &effect.comparison,
+        ratios: effect.ratios(),
     }
+    .render()
+    .expect("the probe-effect line renders")
+}
+
+pub fn table(effect: &ProbeEffect) -> String {
+    let metrics = (effect.ratios().iter())
+        .map(|r| (r.name, r.metric))
+        .chain([("CPU 0 busy share", &effect.comparison.metrics.cpu0_busy)])
+        .collect();
+    Table { e: effect, metrics }
+        .render()
+        .expect("the probe-effect table renders")
 }
 
 #[cfg(test)]
@@ -314,8 +147,8 @@ pub(crate) mod tests {
     #[test]
     fn within_budget_has_no_warning_and_states_each_ratio() {
         let e = effect(8, 1.04, 1.09);
-        assert_eq!(e.warning(), None);
-        let line = e.line();
+        assert_eq!(warning(&e), None);
+        let line = line(&e);
         for part in [
             "client p50 ×1.04 (1.04–1.04)",
             "client p99 ×1.04",
@@ -328,7 +161,7 @@ pub(crate) mod tests {
         ] {
             assert!(line.contains(part), "{part} not in {line}");
         }
-        let table = e.table();
+        let table = table(&e);
         assert!(
             table.contains(
                 "| gateway CPU per request | 130.000 | 141.700 | 1.090 | ×1.09 (1.09–1.09) |"
@@ -347,7 +180,7 @@ pub(crate) mod tests {
     #[test]
     fn over_budget_names_what_exceeds_it() {
         let e = effect(8, 1.02, 1.30);
-        let warning = e.warning().expect("a CPU ratio of 1.30 is over budget");
+        let warning = warning(&e).expect("a CPU ratio of 1.30 is over budget");
         assert!(warning.starts_with("**WARNING"), "{warning}");
         assert!(
             warning.contains("gateway CPU per request ×1.30"),

@@ -3,30 +3,8 @@
 //! means from breakdown.json when the session traced the phase site (`--phases`).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
-use serde::Deserialize;
-use serde_json::Value;
-
-/// pictures.json's `phase_samples`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PhaseSamples {
-    pub sample_hz: Option<u64>,
-    pub tail: BandSamples,
-    pub median: BandSamples,
-    pub all: BandSamples,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BandSamples {
-    pub samples: u64,
-    /// Samples by phase name, in the tracer's phase order.
-    pub phases: BTreeMap<String, u64>,
-    pub outside: u64,
-    pub unresolved: u64,
-}
+use session::pictures::{BandPhases, PhaseCounts};
 
 /// The phases in request order (pictures.json's map is keyed by name).
 const PHASES: [&str; 9] = [
@@ -41,150 +19,169 @@ const PHASES: [&str; 9] = [
     "respond",
 ];
 
+/// A band's mean µs per part (breakdown.json), by part name.
+pub type Means = BTreeMap<String, f64>;
+
 /// One band's requests, for µs per request.
 pub struct Band<'a> {
     pub name: &'static str,
-    pub samples: &'a BandSamples,
+    pub samples: &'a PhaseCounts,
     pub requests: u64,
-    /// breakdown.json's view of the same band (`tail` or `median`), for the exact means.
-    pub exact: Option<&'a Value>,
+    /// breakdown.json's view of the same band, for the exact `cpu.<phase>` means.
+    pub exact: Option<Means>,
 }
 
-/// Reads `phase_samples` from pictures.json; `None` for a session written before it existed.
-pub fn read(pictures: &Value) -> anyhow::Result<Option<PhaseSamples>> {
-    match pictures.get("phase_samples") {
-        None => Ok(None),
-        Some(section) => Ok(Some(PhaseSamples::deserialize(section).map_err(|e| {
-            anyhow::anyhow!("pictures.json: phase_samples does not read: {e}")
-        })?)),
-    }
-}
-
-fn exact_mean_us(view: &Value, phase: &str) -> Option<f64> {
-    view["parts"][format!("cpu.{phase}")]["mean_us"].as_f64()
+fn exact_mean_us(means: &Means, phase: &str) -> Option<f64> {
+    means.get(&format!("cpu.{phase}")).copied()
 }
 
 /// The section: a row per phase, then the samples outside every phase frame and the
 /// unresolved ones. `exact`: the session traced the phase site.
-pub fn section(sampled: &PhaseSamples, bands: &[Band<'_>], exact: bool) -> String {
-    let mut md = String::new();
-    let w = &mut md;
+#[derive(askama::Template)]
+#[template(path = "profile/phases.md", escape = "none")]
+struct Section {
+    all_samples: u64,
+    hz: u64,
+    exact: bool,
+    bands: Vec<BandColumns>,
+    rows: Vec<Row>,
+}
+
+struct BandColumns {
+    name: &'static str,
+    /// The band has an exact column (the session traced the phase site).
+    exact_column: bool,
+}
+
+struct Row {
+    label: &'static str,
+    cells: Vec<Cell>,
+}
+
+struct Cell {
+    n: u64,
+    /// Of the band's samples; none without samples.
+    share: Option<f64>,
+    /// Samples × period / requests; none without requests or a sampling rate.
+    per_request_us: Option<f64>,
+    /// The exact column, when the band has one: the `cpu.<phase>` mean, if any.
+    exact: Option<Option<f64>>,
+}
+
+pub fn section(sampled: &BandPhases, bands: &[Band<'_>], exact: bool) -> String {
+    use askama::Template as _;
     let hz = sampled.sample_hz.unwrap_or(0);
-    let _ = writeln!(
-        w,
-        "\n## On-CPU time by phase (sampled)\n\n**Sampled**: {} on-CPU samples of complete requests at {hz} Hz, counted by the \
-         gateway's phase frame (`gw_phase_<phase>`) in their user stack; each sample stands for 1/{hz} s of CPU, so µs per \
-         request = samples × period / requests, an estimate good to about ±√n samples. Samples outside every phase frame \
-         are hyper's and the runtime's work between phases and the response write.{}\n",
-        sampled.all.samples,
-        if exact {
-            " The exact columns are the `cpu.<phase>` means of the same band from the `phase` site (`--phases`), which \
-             also charge the work between phases to the phase in force."
-        } else {
-            " The exact split needs the `phase` site (`--phases`), at ~9 more uprobe traps a request."
-        }
-    );
-    let mut header = String::from("| phase |");
-    let mut rule = String::from("|---|");
-    for band in bands {
-        let _ = write!(
-            header,
-            " {0} samples | {0} share | {0} µs/req (sampled) |",
-            band.name
-        );
-        rule.push_str("---|---|---|");
-        if exact && band.exact.is_some() {
-            let _ = write!(header, " {} µs/req (exact) |", band.name);
-            rule.push_str("---|");
-        }
-    }
-    let _ = writeln!(w, "{header}\n{rule}");
     let period_us = if hz > 0 { 1e6 / hz as f64 } else { f64::NAN };
-    let rows = PHASES
+    let labels = PHASES
         .iter()
         .map(|phase| (*phase, Some(*phase)))
         .chain([("outside phase frames", None), ("unresolved stacks", None)]);
-    for (label, phase) in rows {
-        let mut row = format!("| {label} |");
-        for band in bands {
-            let s = band.samples;
-            let n = match (phase, label) {
-                (Some(p), _) => s.phases.get(p).copied().unwrap_or(0),
-                (None, "outside phase frames") => s.outside,
-                (None, _) => s.unresolved,
-            };
-            let share = if s.samples > 0 {
-                format!("{:.1}%", n as f64 / s.samples as f64 * 100.0)
-            } else {
-                "–".to_owned()
-            };
-            let per_request = if band.requests > 0 && hz > 0 {
-                format!("{:.1}", n as f64 * period_us / band.requests as f64)
-            } else {
-                "–".to_owned()
-            };
-            let _ = write!(row, " {n} | {share} | {per_request} |");
-            if exact && let Some(view) = band.exact {
-                let exact = phase
-                    .and_then(|p| exact_mean_us(view, p))
-                    .map_or("–".to_owned(), |us| format!("{us:.1}"));
-                let _ = write!(row, " {exact} |");
-            }
-        }
-        let _ = writeln!(w, "{row}");
+    let rows = labels
+        .map(|(label, phase)| Row {
+            label,
+            cells: (bands.iter())
+                .map(|band| {
+                    let s = band.samples;
+                    let n = match (phase, label) {
+                        (Some(p), _) => s.phases.get(p).copied().unwrap_or(0),
+                        (None, "outside phase frames") => s.outside,
+                        (None, _) => s.unresolved,
+                    };
+                    Cell {
+                        n,
+                        share: (s.samples > 0).then(|| n as f64 / s.samples as f64),
+                        per_request_us: (band.requests > 0 && hz > 0)
+                            .then(|| n as f64 * period_us / band.requests as f64),
+                        exact: (band.exact.as_ref())
+                            .filter(|_| exact)
+                            .map(|means| phase.and_then(|p| exact_mean_us(means, p))),
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    Section {
+        all_samples: sampled.all.samples,
+        hz,
+        exact,
+        bands: (bands.iter())
+            .map(|band| BandColumns {
+                name: band.name,
+                exact_column: exact && band.exact.is_some(),
+            })
+            .collect(),
+        rows,
     }
-    md
+    .render()
+    .expect("the per-phase template renders")
 }
 
 /// The Reading's point on phases: the band's largest sampled phase, or why there is none.
-pub fn reading(sampled: &PhaseSamples, tail_requests: u64) -> String {
+#[derive(askama::Template)]
+#[template(path = "profile/phases_reading.md", escape = "none")]
+struct Reading<'a> {
+    tail: &'a PhaseCounts,
+    tail_requests: u64,
+    /// The largest phase, its share of the tail's samples and the share outside every phase.
+    top: Option<(&'static str, f64, f64)>,
+}
+
+pub fn reading(sampled: &BandPhases, tail_requests: u64) -> String {
+    use askama::Template as _;
     let tail = &sampled.tail;
     let top = PHASES
         .iter()
         .map(|p| (*p, tail.phases.get(*p).copied().unwrap_or(0)))
-        .max_by_key(|(_, n)| *n);
-    match top {
-        Some((phase, n)) if n > 0 => format!(
-            "On CPU (sampled, {} samples of the {tail_requests} tail requests), the tail's largest phase is **{phase}**: \
-             {:.0}% of its samples ({:.0}% outside every phase frame); see *On-CPU time by phase*.",
-            tail.samples,
-            n as f64 / tail.samples as f64 * 100.0,
-            tail.outside as f64 / tail.samples.max(1) as f64 * 100.0
-        ),
-        _ => format!(
-            "No on-CPU sample of the {tail_requests} tail requests fell in a phase frame ({} samples): the per-phase \
-             split says nothing about the tail in this session.",
-            tail.samples
-        ),
+        .max_by_key(|(_, n)| *n)
+        .filter(|(_, n)| *n > 0)
+        .map(|(phase, n)| {
+            (
+                phase,
+                n as f64 / tail.samples as f64,
+                tail.outside as f64 / tail.samples.max(1) as f64,
+            )
+        });
+    Reading {
+        tail,
+        tail_requests,
+        top,
     }
+    .render()
+    .expect("the phase reading renders")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
-    fn band(samples: u64, upstream: u64, auth: u64, outside: u64) -> Value {
-        json!({ "samples": samples, "phases": { "upstream": upstream, "auth": auth },
-                "outside": outside, "unresolved": samples - upstream - auth - outside })
+    fn band(samples: u64, upstream: u64, auth: u64, outside: u64) -> PhaseCounts {
+        PhaseCounts {
+            samples,
+            phases: BTreeMap::from([("upstream".to_owned(), upstream), ("auth".to_owned(), auth)]),
+            outside,
+            unresolved: samples - upstream - auth - outside,
+        }
     }
 
-    fn pictures() -> Value {
-        json!({ "phase_samples": { "sample_hz": 1000, "tail": band(10, 6, 1, 2),
-                "median": band(20, 10, 5, 4), "all": band(100, 50, 20, 20) } })
+    fn sampled() -> BandPhases {
+        BandPhases {
+            sample_hz: Some(1000),
+            tail: band(10, 6, 1, 2),
+            median: band(20, 10, 5, 4),
+            all: band(100, 50, 20, 20),
+        }
     }
 
     #[test]
     fn samples_turn_into_shares_and_time_per_request() {
-        let sampled = read(&pictures()).unwrap().unwrap();
-        let breakdown_tail = json!({ "parts": { "cpu.upstream": { "mean_us": 123.4 } } });
+        let sampled = sampled();
         let text = section(
             &sampled,
             &[Band {
                 name: "tail",
                 samples: &sampled.tail,
                 requests: 2,
-                exact: Some(&breakdown_tail),
+                exact: Some(Means::from([("cpu.upstream".to_owned(), 123.4)])),
             }],
             true,
         );
@@ -202,13 +199,5 @@ mod tests {
             "{text}"
         );
         assert!(reading(&sampled, 2).contains("largest phase is **upstream**: 60%"));
-    }
-
-    #[test]
-    fn a_renamed_key_is_an_error_and_an_old_session_has_no_section() {
-        let mut renamed = pictures();
-        renamed["phase_samples"]["tail"]["outside_frames"] = json!(1);
-        assert!(read(&renamed).is_err());
-        assert!(read(&json!({ "requests": 1 })).unwrap().is_none());
     }
 }

@@ -1,23 +1,27 @@
 //! The session's README.md, written only from the session's own files (breakdown.json,
-//! requests.csv, loadgen.json, pictures.json, probe-effect.json): every figure in it can be
-//! recomputed from them.
+//! requests.csv, loadgen.json, pictures.json, probe-effect.json), read through the model
+//! (`session`): every figure in it can be recomputed from them, and a renamed key is an error.
 
-use std::fmt::Write as _;
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, ensure};
-use serde_json::Value;
+use session::breakdown::{BandParts, Breakdown};
+use session::effect::ProbeEffect;
+use session::loadgen::Summary as Loadgen;
+use session::pictures::{Pictures, Wait};
+use session::requests::RequestRow;
+use session::stats::nearest_rank;
+use session::targets::{GATE_P99_ADDED_US, PROBE_EFFECT_RATIO};
 
 use super::SessionFacts;
-use super::effect::ProbeEffect;
-use super::phases::{self, PhaseSamples};
+use super::compare::TailFacts;
+use super::phases;
+use crate::workspace::read_json;
 
 /// The session's own A/B windows and their ratios (see `effect`).
-pub const PROBE_EFFECT_JSON: &str = "probe-effect.json";
-
-/// The Phase 0 gate: p99 overhead below 1 ms.
-const GATE_US: f64 = 1_000.0;
+pub const PROBE_EFFECT_JSON: &str = session::effect::FILE;
 
 /// Per-request overheads from the tracer's requests.csv, in ns.
 #[derive(Debug, Default, PartialEq)]
@@ -27,50 +31,13 @@ pub struct Overheads {
     pub non_fsync: Vec<u64>,
 }
 
-/// Reads requests.csv: `request_id, t_arrive_ns, t_done_ns`, then one column per part in ns
-/// (named `upstream` or `upstream_ns`, and so on).
-pub fn overheads(csv: &str) -> anyhow::Result<Overheads> {
-    let mut lines = csv.lines();
-    let header: Vec<&str> = lines
-        .next()
-        .context("requests.csv is empty")?
-        .split(',')
-        .map(str::trim)
-        .collect();
-    let column = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name || h.strip_suffix("_ns") == Some(name))
-            .with_context(|| {
-                format!(
-                    "requests.csv has no {name} column (header: {})",
-                    header.join(",")
-                )
-            })
-    };
-    let (arrive, done, upstream, fsync) = (
-        column("t_arrive")?,
-        column("t_done")?,
-        column("upstream")?,
-        column("ledger_fsync")?,
-    );
+/// Reads requests.csv's rows (session::requests::RequestRow), sorted.
+pub fn overheads(csv: impl std::io::Read) -> anyhow::Result<Overheads> {
     let mut out = Overheads::default();
-    for (number, line) in lines.enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let fields: Vec<&str> = line.split(',').collect();
-        let field = |i: usize| -> anyhow::Result<u64> {
-            fields
-                .get(i)
-                .and_then(|f| f.trim().parse().ok())
-                .with_context(|| {
-                    format!("requests.csv line {}: bad field {}", number + 2, header[i])
-                })
-        };
-        let total = field(done)?
-            .checked_sub(field(arrive)?)
-            .context("t_done before t_arrive")?;
-        let overhead = total.saturating_sub(field(upstream)?);
-        out.overhead.push(overhead);
-        out.non_fsync.push(overhead.saturating_sub(field(fsync)?));
+    for row in session::requests::rows::<RequestRow, _>(csv) {
+        let row = row.context("reading requests.csv")?;
+        out.overhead.push(row.overhead_ns);
+        out.non_fsync.push(row.non_fsync_ns());
     }
     out.overhead.sort_unstable();
     out.non_fsync.sort_unstable();
@@ -79,76 +46,91 @@ pub fn overheads(csv: &str) -> anyhow::Result<Overheads> {
 
 /// Nearest-rank percentile (p in per mille) of sorted values, in µs.
 fn pct_us(sorted: &[u64], permille: usize) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
+    nearest_rank(sorted, permille).map_or(f64::NAN, |ns| ns as f64 / 1e3)
+}
+
+/// A session's files, read through the model.
+pub struct Files {
+    pub breakdown: Breakdown,
+    pub loadgen: Loadgen,
+    pub pictures: Pictures,
+    pub effect: ProbeEffect,
+    pub overheads: Overheads,
+}
+
+impl Files {
+    /// Reads requests.csv, or the requests.csv.gz a finished session keeps.
+    pub fn read(dir: &Path) -> anyhow::Result<Files> {
+        let csv = dir.join(session::requests::REQUESTS_CSV);
+        let overheads = match fs::File::open(&csv) {
+            Ok(file) => overheads(std::io::BufReader::new(file))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let gz = fs::File::open(csv.with_extension("csv.gz"))
+                    .context("reading requests.csv or requests.csv.gz")?;
+                overheads(flate2::read::GzDecoder::new(std::io::BufReader::new(gz)))?
+            }
+            Err(e) => return Err(e).context("reading requests.csv"),
+        };
+        ensure!(
+            !overheads.overhead.is_empty(),
+            "requests.csv has no complete request"
+        );
+        Ok(Files {
+            breakdown: read_json(&dir.join(session::breakdown::FILE))?,
+            loadgen: read_json(&dir.join(session::loadgen::LOADGEN_JSON))?,
+            pictures: read_json(&dir.join(session::pictures::FILE))?,
+            effect: read_json(&dir.join(PROBE_EFFECT_JSON))?,
+            overheads,
+        })
     }
-    let rank = (permille * sorted.len())
-        .div_ceil(1000)
-        .clamp(1, sorted.len());
-    sorted[rank - 1] as f64 / 1e3
 }
 
-fn read_json(dir: &Path, name: &str) -> anyhow::Result<Value> {
-    let path = dir.join(name);
-    serde_json::from_slice(&fs::read(&path).with_context(|| format!("reading {}", path.display()))?)
-        .with_context(|| format!("parsing {}", path.display()))
+/// What `cargo xtask profile` knew of the run (`SessionFacts`), beside the session's files.
+pub const FACTS_JSON: &str = "profile.json";
+
+/// Writes `dir/profile.json` and `dir/README.md`, and returns the README's path.
+pub fn write(dir: &Path, facts: &SessionFacts) -> anyhow::Result<PathBuf> {
+    let mut json = serde_json::to_string_pretty(facts)?;
+    json.push('\n');
+    fs::write(dir.join(FACTS_JSON), json)?;
+    let text = render(facts, &Files::read(dir)?, &compared(dir, facts)?);
+    let path = dir.join("README.md");
+    fs::write(&path, text)?;
+    Ok(path)
 }
 
-fn num(value: &Value) -> String {
-    match value.as_f64() {
+/// `--compare`: the earlier session's tail, read from the directory its README link names.
+fn compared(dir: &Path, facts: &SessionFacts) -> anyhow::Result<Option<TailFacts>> {
+    let Some(link) = &facts.compare else {
+        return Ok(None);
+    };
+    let earlier = dir.join(link);
+    let earlier = earlier.parent().unwrap_or(&earlier);
+    TailFacts::read(earlier)
+        .map(Some)
+        .with_context(|| format!("the compared session {}", earlier.display()))
+}
+
+/// `412` or `41.2`; a missing figure is "–".
+fn num(value: Option<f64>) -> String {
+    match value {
         Some(x) if x.abs() >= 100.0 => format!("{x:.0}"),
         Some(x) => format!("{x:.1}"),
         None => "–".to_owned(),
     }
 }
 
-/// A part's tail (or median) entries: either `tail.parts.NAME` or `tail.NAME`.
-fn view_parts(view: &Value) -> Vec<(String, f64, f64)> {
-    let parts = view.get("parts").filter(|p| p.is_object()).unwrap_or(view);
-    let mut rows: Vec<(String, f64, f64)> = parts
-        .as_object()
-        .map(|map| {
-            map.iter()
-                .filter_map(|(name, v)| {
-                    Some((
-                        name.clone(),
-                        v.get("mean_us")?.as_f64()?,
-                        v.get("share")?.as_f64()?,
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    rows.sort_by(|a, b| b.2.total_cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
-    rows
+/// Compact JSON of a small map or list, as the README quotes it (`{"unsent":4}`).
+fn quoted(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).expect("a map of strings serializes")
 }
 
-/// Writes `dir/README.md` and returns its path.
-pub fn write(dir: &Path, facts: &SessionFacts) -> anyhow::Result<PathBuf> {
-    let breakdown = read_json(dir, "breakdown.json")?;
-    let loadgen = read_json(dir, "loadgen.json")?;
-    let pictures = read_json(dir, "pictures.json")?;
-    let effect: ProbeEffect = serde_json::from_value(read_json(dir, PROBE_EFFECT_JSON)?)
-        .with_context(|| format!("reading {PROBE_EFFECT_JSON}"))?;
-    let csv = fs::read_to_string(dir.join("requests.csv")).context("reading requests.csv")?;
-    let overheads = overheads(&csv)?;
-    ensure!(
-        !overheads.overhead.is_empty(),
-        "requests.csv has no complete request"
-    );
-    let phase_samples = phases::read(&pictures)?;
-    let text = render(
-        facts,
-        &effect,
-        &breakdown,
-        &loadgen,
-        &pictures,
-        phase_samples.as_ref(),
-        &overheads,
-    );
-    let path = dir.join("README.md");
-    fs::write(&path, text)?;
-    Ok(path)
+/// A band's parts with a share (upstream has none), largest share first, then by name.
+fn view_parts(parts: &BandParts) -> Vec<(String, f64, f64)> {
+    Breakdown::by_share(parts)
+        .into_iter()
+        .map(|(name, p)| (name.to_owned(), p.mean_us, p.share.unwrap_or(0.0)))
+        .collect()
 }
 
 /// Sends more than this late (p99 of sent − scheduled) mean the open loop fell behind.
@@ -157,475 +139,316 @@ const SEND_LAG_LIMIT_US: f64 = 1000.0;
 /// A warning when the gateway did not keep up with the open loop: requests never sent, a
 /// send lag over [`SEND_LAG_LIMIT_US`] at p99, or under 95% of the target rate achieved. The
 /// figures then describe a saturated gateway, not the load fraction asked for.
-fn overload_warning(loadgen: &Value, target_rate: f64) -> Option<String> {
-    let unsent = loadgen["errors"]["unsent"].as_u64().unwrap_or(0);
-    let lag_p99 = loadgen["send_lag_us"]["p99"].as_f64().unwrap_or(0.0);
-    let achieved = loadgen["achieved_rate"].as_f64().unwrap_or(0.0);
-    let behind = unsent > 0 || lag_p99 > SEND_LAG_LIMIT_US || achieved < 0.95 * target_rate;
-    behind.then(|| {
-        format!(
-            "**WARNING: the open loop fell behind** ({unsent} requests unsent, send lag p99 \
-             {lag_p99:.0} µs, {achieved:.0} of {target_rate:.0} req/s achieved): requests waited in \
-             loadgen for a free connection or for its CPU. Latencies still count from the \
-             scheduled send, but the traced gateway was at or near saturation at this rate, not \
-             at the load fraction asked for; see the load average below, and compare a lower \
-             --load."
-        )
-    })
+#[derive(askama::Template)]
+#[template(path = "profile/overload.md", escape = "none")]
+struct Overload {
+    unsent: u64,
+    lag_p99: f64,
+    achieved: f64,
+    target_rate: f64,
 }
 
-/// `{"site": 410.0, ...}` as `site 410 ns, ...`.
-/// `site 410 ns, sock unmeasured`: a kind calibration could not measure is null (or, in a
-/// session recorded before that, a figure at or below zero).
-fn ns_by_kind(map: &Value) -> String {
-    map.as_object()
-        .map(|costs| {
-            costs
-                .iter()
-                .map(|(kind, ns)| match ns.as_f64() {
-                    Some(ns) if ns > 0.0 => format!("{kind} {} ns", num(&Value::from(ns))),
-                    _ => format!("{kind} unmeasured"),
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
-        .unwrap_or_default()
+fn overload_warning(loadgen: &Loadgen, target_rate: f64) -> Option<String> {
+    use askama::Template as _;
+    let o = Overload {
+        unsent: loadgen.unsent(),
+        lag_p99: loadgen.send_lag_us.as_ref().map_or(0.0, |lag| lag.p99),
+        achieved: loadgen.achieved_rate,
+        target_rate,
+    };
+    let behind = o.unsent > 0 || o.lag_p99 > SEND_LAG_LIMIT_US || o.achieved < 0.95 * o.target_rate;
+    behind.then(|| o.render().expect("the overload warning renders"))
+}
+
+/// Figures as the README writes them, for the templates.
+trait Figures {
+    /// [`num`] of a figure the template has (by value or through references).
+    fn num(&self, value: impl Figure) -> String {
+        num(Some(value.get()))
+    }
+
+    /// [`num`], "–" for a missing figure.
+    fn opt(&self, value: &Option<f64>) -> String {
+        num(*value)
+    }
+}
+
+/// An `f64` however many references the template's bindings put around it.
+trait Figure {
+    fn get(&self) -> f64;
+}
+
+impl Figure for f64 {
+    fn get(&self) -> f64 {
+        *self
+    }
+}
+
+impl<T: Figure + ?Sized> Figure for &T {
+    fn get(&self) -> f64 {
+        (**self).get()
+    }
+}
+
+/// Each kind's figure, `None` where calibration could not measure it: null, or (in a session
+/// recorded before that) a figure at or below zero.
+fn measured_kinds(costs: &BTreeMap<String, Option<f64>>) -> Vec<(&str, Option<f64>)> {
+    (costs.iter())
+        .map(|(kind, ns)| (kind.as_str(), ns.filter(|ns| *ns > 0.0)))
+        .collect()
 }
 
 /// "Tracer cost and loss": what the tracer lost and what it cost, all from breakdown.json
 /// (`lost_events`, `incomplete`, `calibration`, `hits_per_request`, `cost`). Loss comes first
 /// and is flagged when non-zero.
-fn cost_and_loss(breakdown: &Value) -> String {
-    let mut md = String::new();
-    let w = &mut md;
-    let _ = writeln!(w, "\n## Tracer cost and loss (breakdown.json)\n");
-    let lost = breakdown["lost_events"].as_u64().unwrap_or(0);
-    let incomplete = breakdown["incomplete"].as_u64().unwrap_or(0);
-    if lost > 0 || incomplete > 0 {
-        let _ = writeln!(
-            w,
-            "- **WARNING: {lost} lost events, {incomplete} incomplete requests** (reasons: {}). \
-             Incomplete requests are counted, never attributed: every figure above covers the {} \
-             complete requests only.",
-            breakdown["incomplete_reasons"], breakdown["requests"]
-        );
-    } else {
-        let _ = writeln!(w, "- Loss: 0 lost events, 0 incomplete requests.");
-    }
-    let hits = &breakdown["hits_per_request"];
-    let hits_text = ["sites", "syscalls", "sock", "sched", "samples"]
-        .iter()
-        .map(|kind| format!("{kind} {:.2}", hits[*kind].as_f64().unwrap_or(f64::NAN)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let _ = writeln!(w, "- Hits per complete request: {hits_text}.");
-    let calibration = &breakdown["calibration"];
-    if calibration.is_object() {
-        let per_hit = ns_by_kind(&calibration["ns_per_hit"]);
-        let noisy = calibration["noisy"]
-            .as_array()
-            .filter(|kinds| !kinds.is_empty())
-            .map(|kinds| format!(" (noisy: {})", Value::Array(kinds.clone())))
-            .unwrap_or_default();
-        let left_out = calibration["unmeasured"]
-            .as_array()
-            .filter(|kinds| !kinds.is_empty())
-            .map(|kinds| {
-                let names: Vec<&str> = kinds.iter().filter_map(Value::as_str).collect();
-                format!("; left out, unmeasured: {}", names.join(", "))
-            })
-            .unwrap_or_default();
-        let _ = writeln!(
-            w,
-            "- Probe cost, calibrated on CPU {} before attaching: {per_hit} per hit{noisy}; \
-             × the hits above = **{} ns of probe time per request** (by kind: {}{left_out}).",
-            calibration["cpu"],
-            num(&calibration["probe_ns_per_request"]),
-            ns_by_kind(&calibration["probe_ns_per_request_by_kind"])
-        );
-    } else {
-        let _ = writeln!(
-            w,
-            "- Probe cost: not calibrated in this session (no `calibration` section)."
-        );
-    }
-    let cost = &breakdown["cost"];
-    let bpf = &cost["bpf"];
-    match (
-        bpf["total_run_time_ns"].as_f64(),
-        breakdown["requests"].as_f64(),
-    ) {
-        (Some(run_ns), Some(requests)) if requests > 0.0 => {
-            let _ = writeln!(
-                w,
-                "- BPF run time: {} ns per complete request ({:.1} ms over {} program runs, {:.1}% \
-                 of one CPU over the session).",
-                num(&Value::from(run_ns / requests)),
-                run_ns / 1e6,
-                bpf["total_run_count"],
-                bpf["cpu_share"].as_f64().unwrap_or(f64::NAN) * 100.0,
-            );
-        }
-        _ => {
-            let _ = writeln!(
-                w,
-                "- BPF run time: not measured (bpf_stats: {}).",
-                cost["bpf_stats"].as_str().unwrap_or("no `cost` section")
-            );
-        }
-    }
-    let tracer = &cost["tracer"];
-    let own = &breakdown["tracer"];
-    let _ = writeln!(
-        w,
-        "- The tracer process: {} s CPU during the session ({} s user + {} s system in all), \
-         peak RSS {:.1} MiB.",
-        num(&tracer["cpu_session_s"]),
-        num(tracer.get("cpu_user_s").unwrap_or(&own["cpu_user_s"])),
-        num(tracer.get("cpu_system_s").unwrap_or(&own["cpu_system_s"])),
-        tracer["peak_rss_kib"].as_f64().unwrap_or(f64::NAN) / 1024.0
-    );
-    let _ = writeln!(
-        w,
-        "- Probe effect on the gateway's latency and CPU (traced vs untraced windows): \
-         `cargo xtask validate`, recorded in profiles/validation-*/."
-    );
-    md
+#[derive(askama::Template)]
+#[template(path = "profile/cost_and_loss.md", escape = "none")]
+struct CostAndLoss<'a> {
+    b: &'a Breakdown,
+    reasons: String,
+    per_hit: Vec<(&'a str, Option<f64>)>,
+    by_kind: Vec<(&'a str, Option<f64>)>,
+    noisy: String,
+    left_out: &'a [String],
+    bpf: Option<BpfRunTime>,
+    bpf_stats: &'a str,
+    cpu_session_s: Option<f64>,
+    cpu_user_s: Option<f64>,
+    cpu_system_s: Option<f64>,
+    /// NaN when unknown, as the README has always said it.
+    peak_rss_mib: f64,
 }
 
-fn render(
-    facts: &SessionFacts,
-    effect: &ProbeEffect,
-    breakdown: &Value,
-    loadgen: &Value,
-    pictures: &Value,
-    phase_samples: Option<&PhaseSamples>,
-    o: &Overheads,
+impl Figures for CostAndLoss<'_> {}
+
+struct BpfRunTime {
+    per_request_ns: f64,
+    run_ms: f64,
+    runs: u64,
+    /// NaN when unknown.
+    cpu_share: f64,
+}
+
+fn cost_and_loss(b: &Breakdown) -> String {
+    use askama::Template as _;
+    let calibration = b.calibration.as_ref();
+    let cost = b.cost.as_ref();
+    let tracer = cost.map(|c| &c.tracer);
+    let own = b.tracer.as_ref();
+    CostAndLoss {
+        b,
+        reasons: quoted(&b.incomplete_reasons),
+        per_hit: calibration.map_or_else(Vec::new, |c| measured_kinds(&c.ns_per_hit)),
+        by_kind: calibration.map_or_else(Vec::new, |c| {
+            measured_kinds(&c.probe_ns_per_request_by_kind)
+        }),
+        noisy: calibration.map_or_else(String::new, |c| quoted(&c.noisy)),
+        left_out: calibration
+            .and_then(|c| c.unmeasured.as_deref())
+            .unwrap_or_default(),
+        bpf: cost
+            .and_then(|c| c.bpf.as_ref())
+            .filter(|_| b.requests > 0)
+            .map(|bpf| BpfRunTime {
+                per_request_ns: bpf.total_run_time_ns as f64 / b.requests as f64,
+                run_ms: bpf.total_run_time_ns as f64 / 1e6,
+                runs: bpf.total_run_count,
+                cpu_share: bpf.cpu_share.unwrap_or(f64::NAN),
+            }),
+        bpf_stats: cost.map_or("no `cost` section", |c| c.bpf_stats.as_str()),
+        cpu_session_s: tracer.map(|t| t.cpu_session_s),
+        cpu_user_s: tracer.map(|t| t.cpu_user_s).or(own.map(|t| t.cpu_user_s)),
+        cpu_system_s: tracer
+            .map(|t| t.cpu_system_s)
+            .or(own.map(|t| t.cpu_system_s)),
+        peak_rss_mib: tracer
+            .and_then(|t| t.peak_rss_kib)
+            .map_or(f64::NAN, |kib| kib as f64)
+            / 1024.0,
+    }
+    .render()
+    .expect("the cost and loss template renders")
+}
+
+/// The README: `templates/profile/README.md` over the session's files and the figures and
+/// verdicts computed from them here; the template only lays them out. (askama drops a
+/// template file's last newline: the template ends with a blank line so the README ends with
+/// a newline.)
+#[derive(askama::Template)]
+#[template(path = "profile/README.md", escape = "none")]
+struct Readme<'a> {
+    f: &'a SessionFacts,
+    b: &'a Breakdown,
+    loadgen: &'a Loadgen,
+    pictures: &'a Pictures,
+    effect: &'a ProbeEffect,
+    o: &'a Overheads,
+    effect_line: String,
+    effect_warning: Option<String>,
+    effect_table: String,
+    overloaded: Option<String>,
+    /// breakdown.json's parts by name, as the README has always listed them.
+    parts: Vec<(&'a String, &'a session::breakdown::PartStats)>,
+    cost_and_loss: String,
+    has_median: bool,
+    /// Tail rows with a share, largest first; `tail_rows` leaves out the parts zero in both
+    /// bands (`cpu.<phase>` without --phases).
+    tail_rows_all: Vec<TailRow>,
+    tail_rows: Vec<TailRow>,
+    phases_section: String,
+    wait_tables: String,
+    errors: String,
+    offcpu_stacks: bool,
+    wait_scheduling_ns: u64,
+    /// The probe-effect budget the Reading weighs the tail against.
+    budget: f64,
+    /// Overhead p50, p99, p99.9 µs.
+    overhead: (f64, f64, f64),
+    /// Overhead without ledger_fsync, p50 and p99 µs.
+    non_fsync: (f64, f64),
+    phases_reading: Option<String>,
+    compare_reading: Option<String>,
+    gate: session::targets::Verdict,
+    gate_ms: f64,
+}
+
+impl Figures for Readme<'_> {}
+
+impl Readme<'_> {
+    /// "412 µs", or "–".
+    fn us(&self, x: &Option<f64>) -> String {
+        x.map_or("–".to_owned(), |x| self.us_of(x))
+    }
+
+    /// "412 µs".
+    fn us_of(&self, x: impl Figure) -> String {
+        format!("{:.0} µs", x.get())
+    }
+}
+
+#[derive(Clone)]
+struct TailRow {
+    name: String,
+    mean: f64,
+    share: f64,
+    /// The median band's mean and share of the same part.
+    median: Option<(f64, f64)>,
+}
+
+fn render(facts: &SessionFacts, files: &Files, compared: &Option<TailFacts>) -> String {
+    use askama::Template as _;
+    let Files {
+        breakdown: b,
+        loadgen,
+        pictures,
+        effect,
+        overheads: o,
+    } = files;
+    let median = view_parts(&b.median.parts);
+    let tail_rows_all: Vec<TailRow> = view_parts(&b.tail.parts)
+        .into_iter()
+        .map(|(name, mean, share)| TailRow {
+            median: (median.iter())
+                .find(|(n, _, _)| *n == name)
+                .map(|(_, mean, share)| (*mean, *share)),
+            name,
+            mean,
+            share,
+        })
+        .collect();
+    let tail_rows = (tail_rows_all.iter())
+        .filter(|row| row.mean != 0.0 || row.median.is_some_and(|(mean, _)| mean != 0.0))
+        .cloned()
+        .collect();
+    let mut parts: Vec<_> = b.parts.iter().collect();
+    parts.sort_by(|x, y| x.0.cmp(y.0));
+    let effect_warning = super::effect::warning(effect);
+    let nf99 = pct_us(&o.non_fsync, 990);
+    Readme {
+        f: facts,
+        b,
+        loadgen,
+        pictures,
+        effect,
+        o,
+        effect_line: super::effect::line(effect),
+        effect_table: super::effect::table(effect),
+        budget: PROBE_EFFECT_RATIO.limit(),
+        effect_warning,
+        overloaded: overload_warning(loadgen, facts.target_rate),
+        parts,
+        cost_and_loss: cost_and_loss(b),
+        has_median: !median.is_empty(),
+        tail_rows_all,
+        tail_rows,
+        phases_section: (pictures.phase_samples.as_ref())
+            .map(|sampled| phases_section(b, pictures, sampled))
+            .unwrap_or_default(),
+        wait_tables: wait_tables(
+            pictures.wait.as_ref(),
+            pictures.wait_all.as_ref(),
+            b.tail.requests,
+        ),
+        errors: quoted(&loadgen.errors),
+        offcpu_stacks: b.mode().unwrap_or("").contains("offcpu-stacks"),
+        wait_scheduling_ns: pictures.wait.as_ref().map_or(0, |wait| wait.scheduling_ns),
+        overhead: (
+            pct_us(&o.overhead, 500),
+            pct_us(&o.overhead, 990),
+            pct_us(&o.overhead, 999),
+        ),
+        non_fsync: (pct_us(&o.non_fsync, 500), nf99),
+        phases_reading: (pictures.phase_samples.as_ref())
+            .map(|sampled| phases::reading(sampled, pictures.tail.requests)),
+        compare_reading: compared
+            .as_ref()
+            .zip(facts.compare.as_ref())
+            .map(|(then, link)| super::compare::reading(&TailFacts::new(b, pictures), then, link)),
+        gate: GATE_P99_ADDED_US.verdict(Some(nf99)),
+        gate_ms: GATE_P99_ADDED_US.limit() / 1e3,
+    }
+    .render()
+    .expect("the README template renders")
+}
+
+/// "On-CPU time by phase": the sampled split beside the exact means of each band.
+fn phases_section(
+    b: &Breakdown,
+    pictures: &Pictures,
+    sampled: &session::pictures::BandPhases,
 ) -> String {
-    let mut md = String::new();
-    let w = &mut md;
-    let _ = writeln!(
-        w,
-        "# Tail session: {:.0}% of max load, {} ms upstream\n",
-        facts.load * 100.0,
-        facts.delay_ms
-    );
-    let _ = writeln!(w, "    {}\n", facts.command);
-    let _ = writeln!(
-        w,
-        "Generated by `cargo xtask profile` from the files beside it; every figure below is read or"
-    );
-    let _ = writeln!(
-        w,
-        "computed from breakdown.json, requests.csv.gz, loadgen.json, pictures.json and probe-effect.json.\n"
-    );
-    let _ = writeln!(w, "{}\n", effect.line());
-    let warning = effect.warning();
-    if let Some(warning) = &warning {
-        let _ = writeln!(w, "{warning}\n");
-    }
-
-    let _ = writeln!(w, "## Settings\n");
-    let _ = writeln!(
-        w,
-        "- max rate: {:.0} req/s, from {}",
-        facts.max_rate, facts.max_rate_source
-    );
-    let _ = writeln!(
-        w,
-        "- target: {:.2} × max = {:.0} req/s open loop (latency from the scheduled send), {} connections",
-        facts.load, facts.target_rate, facts.connections
-    );
-    let _ = writeln!(
-        w,
-        "- achieved: {} req/s, {} requests sent, {} ok (loadgen.json)",
-        num(&loadgen["achieved_rate"]),
-        loadgen["sent"],
-        loadgen["ok"]
-    );
-    let overloaded = overload_warning(loadgen, facts.target_rate);
-    if let Some(warning) = &overloaded {
-        let _ = writeln!(w, "- {warning}");
-    }
-    let _ = writeln!(
-        w,
-        "- traced window: {} s, after an untraced {} s warm-up at the target rate; the tracer attached before the traced load started",
-        facts.duration_s, facts.warmup_s
-    );
-    let _ = writeln!(
-        w,
-        "- upstream delay {} ms; gateway tokio workers {}",
-        facts.delay_ms, facts.workers
-    );
-    let _ = writeln!(
-        w,
-        "- tracer mode: {}; its effect on the gateway is the **Probe effect** line above (windows under *Probe effect windows*)",
-        breakdown["attach_modes"]["mode"]
-            .as_str()
-            .unwrap_or("unknown")
-    );
-    let _ = writeln!(w, "\n## Machine\n");
-    let _ = write!(w, "{}", facts.machine.markdown());
-    let _ = writeln!(w, "\n## CPU pinning\n");
-    let _ = writeln!(
-        w,
-        "| process | taskset -c | Cpus_allowed_list |\n|---|---|---|"
-    );
-    for (name, asked, applied) in &facts.pinning {
-        let _ = writeln!(w, "| {name} | {asked} | {applied} |");
-    }
-
-    let _ = writeln!(
-        w,
-        "\n## Probe effect windows\n\nThe session's open loop at its rate, {} s a window, the tracer attached (`tracer record {}`) in the traced ones only, in flipping pairs (U T T U …) so drift falls on both arms. Latency from the scheduled send (loadgen); CPU from /proc.\n",
-        effect.window_s,
-        effect.tracer_flags.join(" ")
-    );
-    w.push_str(&effect.table());
-
-    let _ = writeln!(w, "\n## Breakdown (tracer, breakdown.json)\n");
-    let _ = writeln!(
-        w,
-        "{} complete requests, {} incomplete, {} lost events.\n",
-        breakdown["requests"], breakdown["incomplete"], breakdown["lost_events"]
-    );
-    let _ = writeln!(
-        w,
-        "| part | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | mean µs |\n|---|---|---|---|---|---|---|"
-    );
-    if let Some(parts) = breakdown["parts"].as_object() {
-        for (name, p) in parts {
-            let _ = writeln!(
-                w,
-                "| {name} | {} | {} | {} | {} | {} | {} |",
-                num(&p["p50_us"]),
-                num(&p["p90_us"]),
-                num(&p["p99_us"]),
-                num(&p["p999_us"]),
-                num(&p["max_us"]),
-                num(&p["mean_us"])
-            );
-        }
-    }
-
-    w.push_str(&cost_and_loss(breakdown));
-
-    let tail = &breakdown["tail"];
-    let tail_rows = view_parts(tail);
-    let median = breakdown.get("median").map(view_parts).unwrap_or_default();
-    let _ = writeln!(
-        w,
-        "\n## Tail view\n\nThe {} requests with overhead above the p99 ({} µs): each part's mean and share of their overhead{}.\n",
-        tail["requests"],
-        num(&tail["threshold_us"]),
-        if median.is_empty() {
-            ""
-        } else {
-            ", beside the median band's"
-        }
-    );
-    let _ = writeln!(
-        w,
-        "| part | tail mean µs | tail share | median mean µs | median share |\n|---|---|---|---|---|"
-    );
-    for (name, mean, share) in &tail_rows {
-        let m = median.iter().find(|(n, _, _)| n == name);
-        // Parts this session cannot have (`cpu.<phase>` without --phases) are all zeros.
-        if *mean == 0.0 && m.is_none_or(|(_, mean, _)| *mean == 0.0) {
-            continue;
-        }
-        let _ = writeln!(
-            w,
-            "| {name} | {mean:.1} | {:.1}% | {} | {} |",
-            share * 100.0,
-            m.map_or("–".to_owned(), |(_, mean, _)| format!("{mean:.1}")),
-            m.map_or("–".to_owned(), |(_, _, share)| format!(
-                "{:.1}%",
-                share * 100.0
-            ))
-        );
-    }
-
-    if let Some(sampled) = phase_samples {
-        let mode = breakdown["attach_modes"]["mode"].as_str().unwrap_or("");
-        let count = |v: &Value| v.as_u64().unwrap_or(0);
-        let bands = [
-            phases::Band {
-                name: "tail",
-                samples: &sampled.tail,
-                requests: count(&pictures["tail"]["requests"]),
-                exact: Some(tail),
-            },
-            phases::Band {
-                name: "median",
-                samples: &sampled.median,
-                requests: count(&pictures["median_band"]["requests"]),
-                exact: breakdown.get("median"),
-            },
-            phases::Band {
-                name: "all",
-                samples: &sampled.all,
-                requests: count(&pictures["requests"]),
-                exact: Some(breakdown),
-            },
-        ];
-        w.push_str(&phases::section(sampled, &bands, mode.contains("phases")));
-    }
-
-    w.push_str(&wait_tables(
-        &pictures["wait"],
-        &pictures["wait_all"],
-        &tail["requests"],
-    ));
-
-    let _ = writeln!(w, "\n## Client view (loadgen.json)\n");
-    let latency = &loadgen["latency_us"];
-    if latency.is_object() {
-        let _ = writeln!(
-            w,
-            "Latency from the scheduled send: p50 {} µs, p99 {} µs, p99.9 {} µs, max {} µs; errors: {}.",
-            num(&latency["p50"]),
-            num(&latency["p99"]),
-            num(&latency["p999"]),
-            num(&latency["max"]),
-            loadgen["errors"]
-        );
-    } else {
-        let _ = writeln!(
-            w,
-            "See loadgen.json (no `latency_us` object found to quote)."
-        );
-    }
-
-    let _ = writeln!(w, "\n## Pictures\n");
-    let tail_n = &pictures["tail"]["requests"];
-    let median_n = &pictures["median_band"]["requests"];
-    for (file, what) in [
-        ("tail-oncpu.svg", format!("on-CPU samples of the {tail_n} tail requests ({} samples)", pictures["tail"]["samples"])),
-        ("all-oncpu.svg", format!("on-CPU samples of all {} requests ({} samples)", pictures["requests"], pictures["all_samples"])),
-        ("tail-offcpu.svg", format!("off-CPU ns of the tail requests, writer fsync and signing included ({:.1} ms), {}", pictures["tail"]["offcpu_ns"].as_f64().unwrap_or(0.0) / 1e6, offcpu_stacks_note(breakdown))),
-        ("tail-wait.svg", format!("what ran on the CPU while the tail requests were ready but not running ({:.1} ms of scheduling; see *While the tail waited*)", pictures["wait"]["scheduling_ns"].as_f64().unwrap_or(0.0) / 1e6)),
-        ("tail-diff.svg", format!("tail vs the {median_n} median-band requests (p45..p55), differential")),
-        ("trace.json", "the 20 slowest and 20 median requests on a timeline: open in https://ui.perfetto.dev or chrome://tracing".to_owned()),
-    ] {
-        let _ = writeln!(w, "- [{file}]({file}): {what}");
-    }
-    let _ = writeln!(
-        w,
-        "- folded stacks: tail-oncpu.folded, all-oncpu.folded, tail-offcpu.folded, tail-wait.folded, median-oncpu.folded"
-    );
-    if pictures["kernel_symbols"] == Value::Bool(false) {
-        let _ = writeln!(
-            w,
-            "- kernel frames are unnamed: /proc/kallsyms showed no addresses to the tracer"
-        );
-    }
-
-    let _ = writeln!(w, "\n## Reading\n");
-    let _ = writeln!(
-        w,
-        "- {}",
-        tail_against_untraced(effect, warning.is_some(), loadgen)
-    );
-    if let Some(warning) = &overloaded {
-        let _ = writeln!(w, "- {warning}");
-    }
-    let (p50, p99, p999) = (
-        pct_us(&o.overhead, 500),
-        pct_us(&o.overhead, 990),
-        pct_us(&o.overhead, 999),
-    );
-    let (nf50, nf99) = (pct_us(&o.non_fsync, 500), pct_us(&o.non_fsync, 990));
-    let _ = writeln!(
-        w,
-        "- Overhead (total − upstream) over {} requests: p50 {p50:.1} µs, p99 {p99:.1} µs, p99.9 {p999:.1} µs (requests.csv).",
-        o.overhead.len()
-    );
-    if let [first, rest @ ..] = tail_rows.as_slice() {
-        let others: Vec<String> = rest
+    let means = |parts: &BandParts| -> phases::Means {
+        parts
             .iter()
-            .take(2)
-            .map(|(n, mean, share)| format!("{n} {:.0}% ({mean:.0} µs)", share * 100.0))
-            .collect();
-        let _ = writeln!(
-            w,
-            "- The tail is dominated by **{}**: {:.0}% of tail overhead on average ({:.0} µs per tail request); next: {}.",
-            first.0,
-            first.2 * 100.0,
-            first.1,
-            if others.is_empty() {
-                "none".to_owned()
-            } else {
-                others.join(", ")
-            }
-        );
-    }
-    if let Some(sampled) = phase_samples {
-        let _ = writeln!(
-            w,
-            "- {}",
-            phases::reading(sampled, pictures["tail"]["requests"].as_u64().unwrap_or(0))
-        );
-    }
-    if let Some((then, link)) = &facts.compare {
-        match super::compare::TailFacts::from_session(breakdown, pictures) {
-            Ok(now) => {
-                let _ = writeln!(w, "- {}", super::compare::reading(&now, then, link));
-            }
-            Err(e) => {
-                let _ = writeln!(w, "- No comparison with {link}: {e}");
-            }
-        }
-    }
-    let _ = writeln!(
-        w,
-        "- Without ledger_fsync (the disk's fdatasync, charged to the requests that waited on it), overhead is p50 {nf50:.1} µs, p99 {nf99:.1} µs: the 1 ms p99 gate {} for the non-fsync part.",
-        if nf99 < GATE_US {
-            "holds"
-        } else {
-            "does not hold"
-        }
-    );
-    let _ = writeln!(
-        w,
-        "- Loss: {} lost events, {} incomplete requests (never attributed); the tracer's own cost is under *Tracer cost and loss*, its effect on the gateway in the **Probe effect** line.",
-        breakdown["lost_events"], breakdown["incomplete"]
-    );
-    md
-}
-
-/// Whether the off-CPU picture has stacks: only a session with `--offcpu-stacks` takes them.
-fn offcpu_stacks_note(breakdown: &Value) -> &'static str {
-    let mode = breakdown["attach_modes"]["mode"].as_str().unwrap_or("");
-    if mode.contains("offcpu-stacks") {
-        "by stack at switch-out"
-    } else {
-        "by part only: this session took no switch-out stacks (`--offcpu-stacks`); tail-wait.svg is its off-CPU view"
-    }
-}
-
-/// The Reading's first point: the traced tail beside the untraced client tail, and whether
-/// the conclusions after it describe the untraced gateway.
-fn tail_against_untraced(effect: &ProbeEffect, over_budget: bool, loadgen: &Value) -> String {
-    let m = &effect.comparison.metrics;
-    let us = |x: Option<f64>| x.map_or("–".to_owned(), |x| format!("{x:.0} µs"));
-    let session_p99 = loadgen["latency_us"]["p99"].as_f64();
-    let verdict = if over_budget {
-        "over budget (see the WARNING at the top): read the parts below as the traced gateway's, and weigh each against the untraced client tail".to_owned()
-    } else {
-        format!(
-            "within the ×{:.2} budget, so the ranking of parts below describes the gateway as it runs untraced",
-            super::effect::BUDGET
-        )
+            .map(|(name, p)| (name.clone(), p.mean_us))
+            .collect()
     };
-    format!(
-        "Traced against untraced first: the client's p99 was {} in the untraced windows and {} in the traced ones (medians), p99.9 {} and {}; the session's own traced run read p99 {}. The effect is {verdict}.",
-        us(m.p99_us.untraced.median),
-        us(m.p99_us.traced.median),
-        us(m.p999_us.untraced.median),
-        us(m.p999_us.traced.median),
-        us(session_p99),
-    )
+    let bands = [
+        phases::Band {
+            name: "tail",
+            samples: &sampled.tail,
+            requests: pictures.tail.requests,
+            exact: Some(means(&b.tail.parts)),
+        },
+        phases::Band {
+            name: "median",
+            samples: &sampled.median,
+            requests: pictures.median_band.requests,
+            exact: Some(means(&b.median.parts)),
+        },
+        phases::Band {
+            name: "all",
+            samples: &sampled.all,
+            requests: pictures.requests,
+            exact: Some(
+                (b.parts.iter())
+                    .map(|(name, p)| (name.clone(), p.mean_us))
+                    .collect(),
+            ),
+        },
+    ];
+    let mode = b.mode().unwrap_or("");
+    phases::section(sampled, &bands, mode.contains("phases"))
 }
 
 /// Holder rows shown before the rest is summed into one.
@@ -636,173 +459,246 @@ const COVER_TOLERANCE: f64 = 0.05;
 
 /// "While the tail waited": pictures.json's `wait` section as two tables, what held the CPU
 /// during the tail's `scheduling` and what the writer did during its receipt wait.
-fn wait_tables(wait: &Value, wait_all: &Value, tail_requests: &Value) -> String {
-    let mut md = String::new();
-    let w = &mut md;
-    let ns = |v: &Value| v.as_f64().unwrap_or(0.0);
-    let scheduling = ns(&wait["scheduling_ns"]);
-    let Some(holders) = wait["holders"].as_array() else {
-        let _ = writeln!(
-            w,
-            "\n## While the tail waited, the CPU ran\n\npictures.json has no `wait` section: the session ran without `--wait-for` (or before the view existed)."
-        );
-        return md;
-    };
-    let per_request = tail_requests.as_f64().filter(|n| *n > 0.0).unwrap_or(1.0);
-    let _ = writeln!(
-        w,
-        "\n## While the tail waited, the CPU ran\n\nThe {tail_requests} tail requests were ready but not running (`scheduling`) for {:.2} ms in all. \
-         Each such interval is charged to what ran on the CPU they waited for ([tail-wait.svg](tail-wait.svg), pictures.json `wait`):\n",
-        scheduling / 1e6
-    );
-    let _ = writeln!(
-        w,
-        "| holder | ms | share of the tail's scheduling | µs per tail request |\n|---|---|---|---|"
-    );
-    let share = |x: f64| {
-        if scheduling > 0.0 {
-            format!("{:.1}%", x / scheduling * 100.0)
+#[derive(askama::Template)]
+#[template(path = "profile/wait.md", escape = "none")]
+struct WaitTables<'a> {
+    wait: Option<&'a Wait>,
+    wait_all: Option<&'a Wait>,
+    tail_requests: u64,
+    /// The top holders, then the rest summed, then the total charged; ns.
+    holders: Vec<HolderRow>,
+    scheduling: f64,
+    per_request: f64,
+    uncovered: f64,
+    not_charged: f64,
+    /// Whether more than [`COVER_TOLERANCE`] of the tail's scheduling has no known holder.
+    uncovered_flagged: bool,
+    tolerance: f64,
+    uncharged: Option<u64>,
+    /// `wait_all.requests`; sessions before 2026-12-02 lack it and the README said null.
+    all_requests: String,
+    all_total: f64,
+    /// Some holder is `idle`.
+    idle: bool,
+    /// The receipt wait's top rows.
+    receipt: &'a [session::pictures::ReceiptHolder],
+}
+
+struct HolderRow {
+    name: String,
+    ns: f64,
+}
+
+impl WaitTables<'_> {
+    /// `x` as a share of `of`, "–" when `of` is zero.
+    fn share(&self, x: &f64, of: &f64) -> String {
+        if *of > 0.0 {
+            format!("{:.1}%", x / of * 100.0)
         } else {
             "–".to_owned()
         }
-    };
-    let row = |w: &mut String, name: &str, x: f64| {
-        let _ = writeln!(
-            w,
-            "| {name} | {:.3} | {} | {:.1} |",
-            x / 1e6,
-            share(x),
-            x / 1e3 / per_request
-        );
-    };
-    for h in holders.iter().take(TOP_HOLDERS) {
-        row(w, h["holder"].as_str().unwrap_or("?"), ns(&h["ns"]));
     }
-    if holders.len() > TOP_HOLDERS {
-        let rest: f64 = holders[TOP_HOLDERS..].iter().map(|h| ns(&h["ns"])).sum();
-        row(
-            w,
-            &format!("{} other holders", holders.len() - TOP_HOLDERS),
-            rest,
-        );
-    }
-    let charged = ns(&wait["charged_ns"]);
-    row(w, "**total charged**", charged);
-    let unknown = ns(&wait["unknown_ns"]);
-    let uncovered = (scheduling - charged).abs() + unknown;
-    if scheduling > 0.0 && uncovered / scheduling > COVER_TOLERANCE {
-        let _ = writeln!(
-            w,
-            "\n**Uncovered: {:.3} ms ({}) of the tail's scheduling** has no known holder: {:.3} ms on a CPU with no switch seen yet (`[cpu not seen]`), {:.3} ms not charged at all.",
-            uncovered / 1e6,
-            share(uncovered),
-            unknown / 1e6,
-            (scheduling - charged).abs() / 1e6
-        );
-    } else {
-        let _ = writeln!(
-            w,
-            "\nThe holders cover the tail's scheduling to within {:.0}% ({} has no known holder).",
-            COVER_TOLERANCE * 100.0,
-            share(uncovered)
-        );
-    }
-    if let Some(n) = wait["uncharged_requests"].as_u64().filter(|n| *n > 0) {
-        let _ = writeln!(
-            w,
-            "**{n} tail requests had no waits charged** (the tracer charges a request's waits only when its overhead reaches the running p95, or it is in the uniform sample): they are left out of the figures above."
-        );
-    }
-    if let Some(all) = wait_all["holders"].as_array().filter(|h| !h.is_empty()) {
-        let total = ns(&wait_all["scheduling_ns"]);
-        let top: Vec<String> = all
-            .iter()
-            .take(3)
-            .map(|h| {
-                format!(
-                    "{} {:.1}%",
-                    h["holder"].as_str().unwrap_or("?"),
-                    ns(&h["ns"]) / total.max(1.0) * 100.0
-                )
-            })
-            .collect();
-        let _ = writeln!(
-            w,
-            "Over a uniform sample of complete requests ({} requests, {:.2} ms of scheduling, pictures.json `wait_all`), the largest holders: {}.",
-            wait_all["requests"],
-            total / 1e6,
-            top.join(", ")
-        );
-    }
-    let all_holders = wait_all["holders"].as_array().into_iter().flatten();
-    if holders.iter().chain(all_holders).any(|h| {
-        h["holder"]
-            .as_str()
-            .is_some_and(|name| name.starts_with("idle"))
-    }) {
-        let _ = writeln!(
-            w,
-            "`idle` means nothing ran while the request was ready: that wait had another cause (wakeup latency), not a busy CPU."
-        );
-    }
+}
 
-    if let Some(receipt) = wait["receipt"].as_array().filter(|r| !r.is_empty()) {
-        let total = ns(&wait["receipt_ns"]);
-        let _ = writeln!(
-            w,
-            "\n### While the tail waited for its receipt, the writer\n\nThe tail's receipt wait ({:.2} ms: `ledger_fsync`, `signing`, `ledger_other`) by what the ledger writer did; \
-             in `ledger_other`, a writer waiting for the CPU is charged to what held it:\n",
-            total / 1e6
-        );
-        let _ = writeln!(
-            w,
-            "| part | writer / holder | ms | share of the receipt wait |\n|---|---|---|---|"
-        );
-        for r in receipt.iter().take(TOP_HOLDERS) {
-            let x = ns(&r["ns"]);
-            let _ = writeln!(
-                w,
-                "| {} | {} | {:.3} | {} |",
-                r["part"].as_str().unwrap_or("?"),
-                r["holder"].as_str().unwrap_or("?"),
-                x / 1e6,
-                if total > 0.0 {
-                    format!("{:.1}%", x / total * 100.0)
-                } else {
-                    "–".to_owned()
-                }
-            );
-        }
+fn wait_tables(wait: Option<&Wait>, wait_all: Option<&Wait>, tail_requests: u64) -> String {
+    use askama::Template as _;
+    let scheduling = wait.map_or(0.0, |w| w.scheduling_ns as f64);
+    let charged = wait.map_or(0.0, |w| w.charged_ns as f64);
+    let unknown = wait.map_or(0.0, |w| w.unknown_ns as f64);
+    let holders = wait.map_or(&[][..], |w| &w.holders);
+    let mut rows: Vec<HolderRow> = (holders.iter().take(TOP_HOLDERS))
+        .map(|h| HolderRow {
+            name: h.holder.clone(),
+            ns: h.ns as f64,
+        })
+        .collect();
+    if holders.len() > TOP_HOLDERS {
+        rows.push(HolderRow {
+            name: format!("{} other holders", holders.len() - TOP_HOLDERS),
+            ns: holders[TOP_HOLDERS..].iter().map(|h| h.ns as f64).sum(),
+        });
     }
-    md
+    rows.push(HolderRow {
+        name: "**total charged**".to_owned(),
+        ns: charged,
+    });
+    let uncovered = (scheduling - charged).abs() + unknown;
+    let wait_all = wait_all.filter(|all| !all.holders.is_empty());
+    let all_holders = wait_all.into_iter().flat_map(|all| &all.holders);
+    WaitTables {
+        wait,
+        tail_requests,
+        holders: rows,
+        scheduling,
+        per_request: if tail_requests > 0 {
+            tail_requests as f64
+        } else {
+            1.0
+        },
+        uncovered,
+        not_charged: (scheduling - charged).abs(),
+        uncovered_flagged: scheduling > 0.0 && uncovered / scheduling > COVER_TOLERANCE,
+        tolerance: COVER_TOLERANCE,
+        uncharged: wait.and_then(|w| w.uncharged_requests).filter(|n| *n > 0),
+        all_requests: (wait_all.and_then(|all| all.requests))
+            .map_or("null".to_owned(), |n| n.to_string()),
+        all_total: wait_all.map_or(1.0, |all| (all.scheduling_ns as f64).max(1.0)),
+        idle: (holders.iter().chain(all_holders)).any(|h| h.holder.starts_with("idle")),
+        wait_all,
+        receipt: wait.map_or(&[][..], |w| &w.receipt[..w.receipt.len().min(TOP_HOLDERS)]),
+    }
+    .render()
+    .expect("the wait template renders")
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use session::breakdown::Calibration;
+    use session::pictures::{Holder, ReceiptHolder};
 
-    fn wait_json(unknown_ns: u64) -> Value {
-        serde_json::json!({
-            "scheduling_ns": 10_000_000u64,
-            "charged_ns": 10_000_000u64,
-            "unknown_ns": unknown_ns,
-            "holders": [
-                {"holder": "other process · sh (pid 7)", "ns": 6_000_000u64 - unknown_ns},
-                {"holder": "ledger-writer · sign", "ns": 4_000_000u64},
-                {"holder": "[cpu not seen]", "ns": unknown_ns},
+    /// A recorded session's files, read through the model, for tests to change.
+    pub(crate) fn recorded(name: &str) -> (Breakdown, Pictures, Loadgen, ProbeEffect) {
+        let dir = crate::workspace::root().join("profiles").join(name);
+        (
+            read_json(&dir.join(session::breakdown::FILE)).unwrap(),
+            read_json(&dir.join(session::pictures::FILE)).unwrap(),
+            read_json(&dir.join(session::loadgen::LOADGEN_JSON)).unwrap(),
+            read_json(&dir.join(PROBE_EFFECT_JSON)).unwrap(),
+        )
+    }
+
+    const SESSION: &str = "2026-12-02-25pct-0ms-hardened";
+
+    /// The README of a recorded session, from its files alone (profile.json included).
+    fn rerender(dir: &Path) -> anyhow::Result<String> {
+        let facts: SessionFacts = read_json(&dir.join(FACTS_JSON))?;
+        Ok(render(&facts, &Files::read(dir)?, &compared(dir, &facts)?))
+    }
+
+    /// Golden: every recorded profile session's README is what its files render to, byte for
+    /// byte. A changed renderer shows here; `BLESS=1` writes the new renders, for review as a
+    /// diff of the recorded READMEs.
+    #[test]
+    fn every_recorded_session_readme_renders_from_the_files_beside_it() {
+        let root = crate::workspace::root().join("profiles");
+        let (mut rendered, mut differs) = (0, Vec::new());
+        let mut dirs: Vec<PathBuf> = fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.join(session::breakdown::FILE).is_file())
+            .collect();
+        dirs.sort();
+        for dir in dirs {
+            let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+            if !dir.join(PROBE_EFFECT_JSON).is_file() {
+                // The 2026-12-01 sessions were recorded before a session measured its own
+                // probe effect; the renderer needs that file, so their READMEs stay as
+                // written then.
+                assert!(
+                    name.starts_with("2026-12-01-"),
+                    "{name} has no {PROBE_EFFECT_JSON}"
+                );
+                continue;
+            }
+            let text = rerender(&dir).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            let recorded = fs::read_to_string(dir.join("README.md")).unwrap();
+            if text != recorded && std::env::var_os("BLESS").is_some() {
+                fs::write(dir.join("README.md"), &text).unwrap();
+            } else if text != recorded {
+                let line = (text.lines().zip(recorded.lines()))
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(text.lines().count().min(recorded.lines().count()));
+                differs.push(format!(
+                    "{name}/README.md differs from its render at line {}:\nrecorded: {:?}\nrendered: {:?}",
+                    line + 1,
+                    recorded.lines().nth(line),
+                    text.lines().nth(line)
+                ));
+            }
+            rendered += 1;
+        }
+        assert!(differs.is_empty(), "{}", differs.join("\n"));
+        assert!(rendered >= 8, "sessions rendered: {rendered}");
+    }
+
+    #[test]
+    fn a_written_session_renders_again_from_its_directory() {
+        let recorded = crate::workspace::root().join("profiles").join(SESSION);
+        let root = tempfile::tempdir().unwrap();
+        let (dir, then) = (root.path().join("now"), root.path().join("then"));
+        fs::create_dir(&dir).unwrap();
+        fs::create_dir(&then).unwrap();
+        for file in [
+            "breakdown.json",
+            "loadgen.json",
+            "pictures.json",
+            "probe-effect.json",
+            "requests.csv.gz",
+        ] {
+            fs::copy(recorded.join(file), dir.join(file)).unwrap();
+        }
+        for file in ["breakdown.json", "pictures.json"] {
+            fs::copy(recorded.join(file), then.join(file)).unwrap();
+        }
+        let facts = SessionFacts {
+            command: "cargo xtask profile --load 0.25".to_owned(),
+            load: 0.25,
+            delay_ms: 0,
+            duration_s: 30.0,
+            warmup_s: 3.0,
+            workers: 1,
+            connections: 128,
+            max_rate: 16158.1,
+            max_rate_source: "--max-rate".to_owned(),
+            target_rate: 0.25 * 16158.1,
+            pinning: vec![("gateway".to_owned(), "0".to_owned(), "0".to_owned())],
+            machine: crate::machine::Machine::collect(),
+            compare: Some("../then/README.md".to_owned()),
+        };
+        let readme = write(&dir, &facts).unwrap();
+        let text = fs::read_to_string(readme).unwrap();
+        assert!(text.contains("Against the earlier session"), "{text}");
+        assert!(dir.join(FACTS_JSON).is_file());
+        assert_eq!(rerender(&dir).unwrap(), text);
+    }
+
+    fn wait(unknown_ns: u64) -> Wait {
+        let holder = |holder: &str, ns| Holder {
+            holder: holder.to_owned(),
+            ns,
+        };
+        Wait {
+            scheduling_ns: 10_000_000,
+            charged_ns: 10_000_000,
+            unknown_ns,
+            holders: vec![
+                holder("other process · sh (pid 7)", 6_000_000 - unknown_ns),
+                holder("ledger-writer · sign", 4_000_000),
+                holder("[cpu not seen]", unknown_ns),
             ],
-            "receipt_ns": 2_000_000u64,
-            "receipt": [{"part": "ledger_fsync", "holder": "ledger-writer · fdatasync", "ns": 2_000_000u64}],
-        })
+            receipt_ns: 2_000_000,
+            receipt: vec![ReceiptHolder {
+                part: "ledger_fsync".to_owned(),
+                holder: "ledger-writer · fdatasync".to_owned(),
+                ns: 2_000_000,
+            }],
+            requests: Some(4),
+            uncharged_requests: Some(0),
+        }
     }
 
     #[test]
     fn the_wait_table_ranks_holders_and_names_an_uncovered_remainder() {
-        let all = serde_json::json!({
-            "scheduling_ns": 20_000_000u64,
-            "holders": [{"holder": "idle (the wait had another cause)", "ns": 5_000_000u64}],
-        });
-        let md = wait_tables(&wait_json(0), &all, &Value::from(4));
+        let all = Wait {
+            scheduling_ns: 20_000_000,
+            holders: vec![Holder {
+                holder: "idle (the wait had another cause)".to_owned(),
+                ns: 5_000_000,
+            }],
+            ..Wait::default()
+        };
+        let md = wait_tables(Some(&wait(0)), Some(&all), 4);
         assert!(
             md.contains("| other process · sh (pid 7) | 6.000 | 60.0% | 1500.0 |"),
             "{md}"
@@ -821,43 +717,72 @@ mod tests {
             md.contains("| ledger_fsync | ledger-writer · fdatasync | 2.000 | 100.0% |"),
             "{md}"
         );
-        let md = wait_tables(&wait_json(1_000_000), &Value::Null, &Value::from(4));
+        let md = wait_tables(Some(&wait(1_000_000)), None, 4);
         assert!(md.contains("**Uncovered: 1.000 ms (10.0%)"), "{md}");
-        let md = wait_tables(&Value::Null, &Value::Null, &Value::from(4));
+        let md = wait_tables(None, None, 4);
         assert!(md.contains("no `wait` section"), "{md}");
     }
 
     #[test]
     fn a_loop_that_fell_behind_is_flagged() {
-        let kept_up = serde_json::json!({
-            "achieved_rate": 3890.0, "errors": {}, "send_lag_us": {"p99": 40.0}
-        });
-        assert_eq!(overload_warning(&kept_up, 3898.0), None);
-        let behind = serde_json::json!({
-            "achieved_rate": 3502.0, "errors": {"unsent": 4864}, "send_lag_us": {"p99": 3.3e6}
-        });
-        let warning = overload_warning(&behind, 3898.0).unwrap();
+        let (_, _, mut loadgen, _) = recorded(SESSION);
+        loadgen.achieved_rate = 3890.0;
+        loadgen.errors.clear();
+        loadgen.send_lag_us.as_mut().unwrap().p99 = 40.0;
+        assert_eq!(overload_warning(&loadgen, 3898.0), None);
+        loadgen.achieved_rate = 3502.0;
+        loadgen.errors.insert("unsent".to_owned(), 4864);
+        loadgen.send_lag_us.as_mut().unwrap().p99 = 3.3e6;
+        let warning = overload_warning(&loadgen, 3898.0).unwrap();
         assert!(warning.contains("4864 requests unsent"), "{warning}");
     }
 
-    fn breakdown(lost: u64, incomplete: u64) -> Value {
-        serde_json::json!({
-            "requests": 1000, "incomplete": incomplete, "lost_events": lost,
-            "incomplete_reasons": if incomplete > 0 { serde_json::json!({"lost_events": incomplete}) } else { serde_json::json!({}) },
-            "hits_per_request": {"sites": 76.5, "syscalls": 6.9, "sock": 2.0, "sched": 17.2, "samples": 0.06},
-            "tracer": {"cpu_user_s": 2.8, "cpu_system_s": 3.7},
-            "calibration": {
-                "cpu": 1, "noisy": ["sock"],
-                "ns_per_hit": {"sched": 157.5, "site": 410.0, "sock": 605.9, "syscall": 350.8},
-                "probe_ns_per_request": 37733.1,
-                "probe_ns_per_request_by_kind": {"sites": 31392.8}
-            },
-            "cost": {
-                "bpf_stats": "enabled",
-                "bpf": {"cpu_share": 0.224, "total_run_count": 9301492, "total_run_time_ns": 4950391u64},
-                "tracer": {"cpu_session_s": 5.978, "cpu_user_s": 2.826, "cpu_system_s": 3.766, "peak_rss_kib": 167492}
-            }
-        })
+    fn breakdown(lost: u64, incomplete: u64) -> Breakdown {
+        let (mut b, ..) = recorded(SESSION);
+        b.requests = 1000;
+        b.lost_events = lost;
+        b.incomplete = incomplete;
+        b.incomplete_reasons.clear();
+        if incomplete > 0 {
+            b.incomplete_reasons
+                .insert("lost_events".to_owned(), incomplete);
+        }
+        b.hits_per_request = session::breakdown::Hits {
+            sites: 76.5,
+            syscalls: 6.9,
+            sock: 2.0,
+            sched: 17.2,
+            samples: 0.06,
+        };
+        let kinds = |pairs: &[(&str, f64)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), Some(*v)))
+                .collect()
+        };
+        let calibration: &mut Calibration = b.calibration.as_mut().unwrap();
+        calibration.cpu = 1;
+        calibration.noisy = vec!["sock".to_owned()];
+        calibration.unmeasured = None;
+        calibration.ns_per_hit = kinds(&[
+            ("sched", 157.5),
+            ("site", 410.0),
+            ("sock", 605.9),
+            ("syscall", 350.8),
+        ]);
+        calibration.probe_ns_per_request = 37733.1;
+        calibration.probe_ns_per_request_by_kind = kinds(&[("sites", 31392.8)]);
+        let cost = b.cost.as_mut().unwrap();
+        cost.bpf_stats = "enabled".to_owned();
+        cost.bpf = Some(session::breakdown::BpfCost {
+            cpu_share: Some(0.224),
+            programs: Vec::new(),
+            total_run_count: 9301492,
+            total_run_time_ns: 4950391,
+        });
+        cost.tracer.cpu_session_s = 5.978;
+        cost.tracer.peak_rss_kib = Some(167492);
+        b
     }
 
     #[test]
@@ -886,11 +811,12 @@ mod tests {
     #[test]
     fn an_unmeasured_kind_renders_as_unmeasured_and_left_out() {
         let mut session = breakdown(0, 0);
-        let calibration = &mut session["calibration"];
-        calibration["ns_per_hit"]["sock"] = Value::Null;
-        calibration["unmeasured"] = serde_json::json!(["sock"]);
-        calibration["probe_ns_per_request_by_kind"] =
-            serde_json::json!({"sites": 31392.8, "sock": null});
+        let calibration = session.calibration.as_mut().unwrap();
+        calibration.ns_per_hit.insert("sock".to_owned(), None);
+        calibration.unmeasured = Some(vec!["sock".to_owned()]);
+        calibration
+            .probe_ns_per_request_by_kind
+            .insert("sock".to_owned(), None);
         let text = cost_and_loss(&session);
         assert!(text.contains("sock unmeasured, syscall 351 ns"), "{text}");
         assert!(
@@ -898,7 +824,10 @@ mod tests {
             "{text}"
         );
         // A session recorded before `unmeasured` existed: its negative figure is not repeated.
-        session["calibration"]["ns_per_hit"]["sock"] = Value::from(-79.0);
+        let calibration = session.calibration.as_mut().unwrap();
+        calibration
+            .ns_per_hit
+            .insert("sock".to_owned(), Some(-79.0));
         let text = cost_and_loss(&session);
         assert!(text.contains("sock unmeasured"), "{text}");
         assert!(!text.contains("-79"), "{text}");
@@ -907,7 +836,7 @@ mod tests {
     #[test]
     fn cost_and_loss_flags_loss_and_a_missing_calibration() {
         let mut lossy = breakdown(12, 3);
-        lossy.as_object_mut().unwrap().remove("calibration");
+        lossy.calibration = None;
         let text = cost_and_loss(&lossy);
         assert!(
             text.contains("**WARNING: 12 lost events, 3 incomplete requests**"),
@@ -918,16 +847,22 @@ mod tests {
     }
 
     #[test]
-    fn overheads_come_from_the_part_columns() {
-        let csv = "request_id,t_arrive_ns,t_done_ns,upstream_ns,scheduling_ns,ledger_fsync_ns\n\
-                   1,1000,5000,1000,2000,1000\n2,0,3000,0,1000,2000\n";
-        let o = overheads(csv).unwrap();
+    fn overheads_come_from_the_rows() {
+        let row = |id, overhead_ns, ledger_fsync_ns| RequestRow {
+            request_id: id,
+            overhead_ns,
+            ledger_fsync_ns,
+            ..RequestRow::default()
+        };
+        let mut w = session::requests::writer(Vec::new(), RequestRow::header()).unwrap();
+        w.serialize(row(1, 3000, 2000)).unwrap();
+        w.serialize(row(2, 3000, 1000)).unwrap();
+        let csv = w.into_inner().unwrap();
+        let o = overheads(csv.as_slice()).unwrap();
         assert_eq!(o.overhead, [3000, 3000]);
         assert_eq!(o.non_fsync, [1000, 2000]);
-        assert!(
-            overheads("request_id,t_arrive_ns\n").is_err(),
-            "missing columns are an error"
-        );
+        let err = overheads("request_id,t_arrive_ns\n1,2\n".as_bytes()).unwrap_err();
+        assert!(format!("{err:#}").contains("missing field"), "{err:#}");
     }
 
     #[test]
@@ -935,15 +870,15 @@ mod tests {
         let values: Vec<u64> = (1..=200).map(|v| v * 1000).collect();
         assert_eq!(pct_us(&values, 990), 198.0);
         assert_eq!(pct_us(&values, 550), 110.0);
+        assert!(pct_us(&[], 500).is_nan());
     }
 
     #[test]
-    fn tail_parts_sort_by_share_in_either_layout() {
-        let nested: Value = serde_json::json!({ "parts": { "a": { "mean_us": 1.0, "share": 0.2 }, "b": { "mean_us": 3.0, "share": 0.8 } } });
-        let flat: Value = serde_json::json!({ "threshold_us": 5.0, "a": { "mean_us": 1.0, "share": 0.2 }, "b": { "mean_us": 3.0, "share": 0.8 } });
-        for view in [nested, flat] {
-            let names: Vec<String> = view_parts(&view).into_iter().map(|(n, _, _)| n).collect();
-            assert_eq!(names, ["b", "a"]);
-        }
+    fn tail_parts_sort_by_share_and_leave_upstream_out() {
+        let (b, ..) = recorded(SESSION);
+        let rows = view_parts(&b.tail.parts);
+        let names: Vec<&str> = rows.iter().map(|(n, _, _)| n.as_str()).collect();
+        assert_eq!(&names[..3], ["ledger_fsync", "signing", "scheduling"]);
+        assert!(!names.contains(&"upstream"));
     }
 }
