@@ -5,5 +5,6 @@
 //! compile error or a parse error, never a "—" in a README. No build script and no eBPF
 //! toolchain: any crate can depend on it.
 
+pub mod analysis;
 pub mod stats;
 pub mod targets;

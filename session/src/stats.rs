@@ -3,7 +3,8 @@
 //! [`Hist`] is one streaming distribution of ns values: an HDR histogram (3 significant digits,
 //! so within 0.1%) with the exact sum and maximum, for means and maxima. Memory is fixed
 //! whatever the session length. Percentiles are capped at the exact max.
-//! [`nearest_rank`] is the exact percentile of a sorted slice, for the figures of recorded runs.
+//! [`nearest_rank`] is the exact percentile of a sorted slice, for the figures of recorded runs,
+//! and [`median`] the median of a few measured figures (windows, rounds).
 
 use hdrhistogram::Histogram;
 
@@ -84,6 +85,19 @@ pub fn nearest_rank<T: Copy>(sorted: &[T], permille: usize) -> Option<T> {
     (n > 0).then(|| sorted[(permille * n).div_ceil(1000).clamp(1, n) - 1])
 }
 
+/// The median of the finite values (the mean of the middle two for an even count); `None`
+/// when there is none.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +111,14 @@ mod tests {
         assert_eq!(nearest_rank(&values, 1000), Some(200));
         assert_eq!(nearest_rank::<u64>(&[], 500), None);
         assert_eq!(nearest_rank(&[-3i64, 5], 500), Some(-3));
+    }
+
+    #[test]
+    fn median_of_the_finite_values() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[f64::NAN]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, f64::NAN, 1.0, 3.0, 2.0]), Some(2.5));
     }
 
     #[test]

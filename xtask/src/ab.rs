@@ -1,13 +1,15 @@
 //! Probe effect as an A/B: windows of one open loop at one rate, the tracer attached only in
 //! the traced ones, in flipping pairs (U T T U U T …) so a linear drift of the machine falls
 //! on both arms alike. `validate` and `profile` both measure this way; the ratios are
-//! computed by `tracer-validate ab` from the windows written here.
+//! computed by `session::analysis::ab` from the windows written here.
 
 use std::fs;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
+use serde::Deserialize as _;
 use serde_json::{Value, json};
+use session::analysis::ab;
 
 use crate::procs::TracerProc;
 use crate::procstat;
@@ -39,7 +41,7 @@ pub trait Arms {
 
 /// Whether window `index` is traced in the flipping-pairs order U T T U U T T U ….
 pub fn is_traced(index: usize) -> bool {
-    index % 4 == 1 || index % 4 == 2
+    ab::arm_of(index) == ab::Arm::Traced
 }
 
 /// `per_arm` traced and `per_arm` untraced windows of `seconds` each. Each window's figures
@@ -108,15 +110,21 @@ pub fn windows(
     Ok(windows)
 }
 
+/// The traced/untraced comparison of windows written by [`windows`].
+pub fn compare(windows: &[Value]) -> anyhow::Result<ab::Comparison> {
+    let windows = windows
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            ab::Window::deserialize(w).with_context(|| format!("A/B window {i} is incomplete"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(ab::compare(&windows))
+}
+
 /// The median of the finite values; NaN if there is none.
-pub fn median(mut values: Vec<f64>) -> f64 {
-    values.retain(|v| v.is_finite());
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
+pub fn median(values: Vec<f64>) -> f64 {
+    session::stats::median(&values).unwrap_or(f64::NAN)
 }
 
 /// A latency percentile of loadgen's summary, µs (NaN if it has none).
@@ -134,5 +142,20 @@ mod tests {
             .map(|i| if is_traced(i) { 'T' } else { 'U' })
             .collect();
         assert_eq!(arms, "UTTUUTTU");
+    }
+
+    #[test]
+    fn windows_are_compared_and_an_incomplete_one_is_named() {
+        let window = |arm: &str, p50: f64| {
+            json!({"index": 0, "arm": arm, "p50_us": p50, "p99_us": 2.0, "p999_us": 3.0,
+                   "gateway_cpu_us_per_request": 4.0, "cpu0_busy": 0.5, "ok": 10})
+        };
+        let c = compare(&[window("untraced", 100.0), window("traced", 110.0)]).unwrap();
+        assert_eq!(c.pairs, 1);
+        assert_eq!(c.metrics.p50_us.ratio_of_medians, Some(1.1));
+        let mut bad = window("traced", 1.0);
+        bad["gateway_cpu_us_per_request"] = Value::Null;
+        let err = compare(&[window("untraced", 1.0), bad]).unwrap_err();
+        assert!(format!("{err:#}").contains("window 1"), "{err:#}");
     }
 }

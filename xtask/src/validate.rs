@@ -3,8 +3,8 @@
 //! One gateway (pinned to its CPUs) and one mock-upstream serve every part, in this order:
 //! 1. max throughput untraced (`loadgen --find-max`);
 //! 2. accuracy: an open loop at `load` × max with the tracer attached (and `--raw-events`),
-//!    joined with loadgen's per-request log (`tracer-validate accuracy`), plus the independent
-//!    fsync/run-queue cross-check of the raw dump (`crosscheck`);
+//!    joined with loadgen's per-request log (`session::analysis::accuracy`), plus the
+//!    independent fsync/run-queue cross-check of the raw dump (`session::analysis::crosscheck`);
 //! 3. probe effect: `windows` traced and `windows` untraced windows at the same rate, in
 //!    flipping pairs, with the gateway's CPU per request and CPU 0's busy share per window;
 //!    then each other mode's cost, and the floor rows, in shorter A/Bs;
@@ -20,15 +20,16 @@ mod readme;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, bail};
+use serde::Deserialize as _;
 use serde_json::{Value, json};
+use session::analysis::{accuracy, crosscheck};
 
-use crate::ab::{self, Traced, latency, median};
+use crate::ab::{self as windows_ab, Traced, latency, median};
 use crate::flags;
 use crate::machine::Machine;
 use crate::procs::{
@@ -105,26 +106,14 @@ fn fraction(text: &str) -> Result<f64, String> {
     }
 }
 
-/// The tracer's binaries.
-struct TracerBins {
-    tracer: PathBuf,
-    crosscheck: PathBuf,
-    validate: PathBuf,
-}
-
-fn build_tracer_bins() -> anyhow::Result<TracerBins> {
-    let built = procs::cargo_build_release(&["-p", "tracer", "--bins"])?;
-    Ok(TracerBins {
-        tracer: built.find("tracer")?,
-        crosscheck: built.find("crosscheck")?,
-        validate: built.find("tracer-validate")?,
-    })
+fn build_tracer() -> anyhow::Result<PathBuf> {
+    procs::cargo_build_release(&["-p", "tracer", "--bins"])?.find("tracer")
 }
 
 /// Everything the parts share.
 struct Bench {
     bins: Binaries,
-    tracer: TracerBins,
+    tracer: PathBuf,
     gateway: Gateway,
     _mock: MockUpstream,
     key: String,
@@ -186,19 +175,11 @@ impl Bench {
             .context("loadgen --find-max reported no max_rate")
     }
 
-    /// `tracer-validate accuracy`: the tracer's session in `dir` joined with loadgen's
-    /// per-request log `client_csv`.
+    /// The tracer's session in `dir` joined with loadgen's per-request log `client_csv`.
     fn accuracy(&self, client_csv: &Path, dir: &Path) -> anyhow::Result<Value> {
-        analysis(
-            &self.tracer.validate,
-            &strings(&[
-                "accuracy",
-                "--client",
-                &path_arg(client_csv),
-                "--tracer",
-                &path_arg(dir),
-            ]),
-        )
+        let (requests, incomplete) = (dir.join("requests.csv"), dir.join("incomplete.csv"));
+        let join = accuracy::join_files(client_csv, &requests, &incomplete)?;
+        Ok(serde_json::to_value(join)?)
     }
 
     /// Starts `tracer record` on the load CPUs and waits until its programs are attached.
@@ -219,7 +200,7 @@ impl Bench {
         if name != "accuracy" {
             flags.push("--no-calibrate".to_owned());
         }
-        let tracer = start_tracer(&self.tracer.tracer, Some(&self.load_cpus), &flags, &dir)?;
+        let tracer = start_tracer(&self.tracer, Some(&self.load_cpus), &flags, &dir)?;
         Ok(Traced { tracer, dir })
     }
 }
@@ -232,7 +213,7 @@ struct AbArms<'a> {
     rate: f64,
 }
 
-impl ab::Arms for AbArms<'_> {
+impl windows_ab::Arms for AbArms<'_> {
     fn attach(&mut self, index: usize) -> anyhow::Result<Traced> {
         self.bench
             .attach(&format!("{}-{index}", self.name), self.extra)
@@ -261,7 +242,7 @@ impl Bench {
             extra,
             rate,
         };
-        ab::windows(&mut arms, pid, cpu, per_arm, window)
+        windows_ab::windows(&mut arms, pid, cpu, per_arm, window)
     }
 }
 
@@ -301,21 +282,25 @@ fn path_arg(path: &Path) -> String {
     path.display().to_string()
 }
 
-/// Runs one of the tracer's analysis binaries and parses its JSON stdout.
-fn analysis(program: &Path, args: &[String]) -> anyhow::Result<Value> {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .with_context(|| format!("running {}", program.display()))?;
-    ensure!(
-        output.status.success(),
-        "{} {} failed ({}): {}",
-        program.display(),
-        args.join(" "),
-        output.status,
-        String::from_utf8_lossy(&output.stderr).trim()
+/// The independent cross-check of the raw dump `raw`, beside the model's `kernel` section of
+/// the same session's `breakdown`; prints the table as it goes.
+fn cross_check(raw: &Path, breakdown: &Value) -> anyhow::Result<crosscheck::Report> {
+    let independent = crosscheck::check(crosscheck::read_dump(raw)?);
+    let model = breakdown
+        .get("kernel")
+        .context("the accuracy session's breakdown.json has no `kernel` section")?;
+    let model = crosscheck::ModelKernel::deserialize(model)
+        .context("reading the `kernel` section of breakdown.json")?;
+    let comparison = crosscheck::compare(&independent, &model);
+    print!("{}", crosscheck::table(&comparison));
+    println!(
+        "crosscheck: {} events, writer tids {:?}, {} switch-ins of threads never seen before",
+        independent.events, independent.writer_tids, independent.switch_in_unknown
     );
-    Ok(serde_json::from_slice(&output.stdout)?)
+    Ok(crosscheck::Report {
+        comparison,
+        independent,
+    })
 }
 
 /// The tracer's options beyond the lean default, each costed on its own, and as `profile`
@@ -448,7 +433,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Before building: the commit and the uncommitted paths are those of the code measured.
     let machine = Machine::collect();
     let bins = Binaries::build()?;
-    let tracer = build_tracer_bins()?;
+    let tracer = build_tracer()?;
     let load_cpus = Some(args.placement.load_cpus.as_str());
     let mock = start_mock_upstream(&bins, load_cpus, 0, work.path())?;
     let db = work.path().join("ledger.db");
@@ -509,18 +494,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (accuracy_breakdown, accuracy_dir) = traced.stop()?;
     let accuracy_load = accuracy_load?;
     let accuracy = bench.accuracy(&client_csv, &accuracy_dir)?;
-    let crosscheck_json = work.path().join("crosscheck.json");
-    let crosscheck = analysis_file(
-        &bench.tracer.crosscheck,
-        &strings(&[
-            &path_arg(&raw),
-            "--breakdown",
-            &path_arg(&accuracy_dir.join("breakdown.json")),
-            "--out",
-            &path_arg(&crosscheck_json),
-        ]),
-        &crosscheck_json,
-    )?;
+    let crosscheck = serde_json::to_value(cross_check(&raw, &accuracy_breakdown)?)?;
     let _ = fs::remove_file(&raw);
     fs::copy(
         accuracy_dir.join("breakdown.json"),
@@ -536,12 +510,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // cross-check's read of the raw dump leave the machine busy for a moment.
     bench.open_loop(rate, window.min(5.0), &[])?;
     let windows = bench.ab_windows("ab", &[], rate, args.windows as usize, window)?;
-    let windows_json = work.path().join("windows.json");
-    fs::write(&windows_json, serde_json::to_string(&windows)?)?;
-    let ab = analysis(
-        &bench.tracer.validate,
-        &strings(&["ab", "--windows", &path_arg(&windows_json)]),
-    )?;
+    let ab = serde_json::to_value(windows_ab::compare(&windows)?)?;
 
     // 3b. What each mode costs: the same A/B, shorter, per option.
     let calibration = &accuracy_breakdown["calibration"];
@@ -798,18 +767,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-/// Runs an analysis binary that writes its JSON to `out` (and a table to stdout).
-fn analysis_file(program: &Path, args: &[String], out: &Path) -> anyhow::Result<Value> {
-    let status = Command::new(program)
-        .args(args)
-        .stdout(Stdio::inherit())
-        .status()
-        .with_context(|| format!("running {}", program.display()))?;
-    ensure!(status.success(), "{} failed ({status})", program.display());
-    let text = fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?;
-    Ok(serde_json::from_str(&text)?)
 }
 
 /// Complete requests of `dir/requests.csv` whose [t_arrive, t_done] overlaps a loss span of

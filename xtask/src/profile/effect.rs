@@ -21,7 +21,7 @@ pub struct ProbeEffect {
     pub windows: Vec<Window>,
 }
 
-/// `tracer-validate ab`'s output.
+/// The A/B comparison (`session::analysis::ab`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Comparison {
