@@ -883,3 +883,34 @@ mod tests {
         assert!(md.contains("| forced-loss | 2500 | 2490 |"), "{md}");
     }
 }
+
+/// Golden tests: every committed run's README.md is what its validation.json renders to.
+#[cfg(test)]
+mod golden {
+    use super::*;
+
+    #[test]
+    fn every_committed_validation_re_renders_byte_for_byte() {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(crate::workspace::root().join("profiles"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("validation-"))
+            })
+            .collect();
+        dirs.sort();
+        assert!(!dirs.is_empty(), "no profiles/validation-* directory");
+        let mut differing = Vec::new();
+        for dir in &dirs {
+            let v: Value = crate::workspace::read_json(&dir.join("validation.json")).unwrap();
+            let mut md = String::new();
+            render(&mut md, &v).unwrap();
+            let committed = std::fs::read_to_string(dir.join("README.md")).unwrap();
+            if md != committed {
+                differing.push(dir.display().to_string());
+            }
+        }
+        assert!(differing.is_empty(), "re-rendered READMEs differ: {differing:?}");
+    }
+}
