@@ -6,6 +6,7 @@
 //! toolchain: any crate can depend on it.
 
 pub mod analysis;
+pub mod bench;
 pub mod machine;
 pub mod stats;
 pub mod targets;

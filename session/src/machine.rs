@@ -23,3 +23,27 @@ pub struct Machine {
     /// `/proc/loadavg` when collected: other work on the machine shows here.
     pub load_average: String,
 }
+
+impl Machine {
+    /// Markdown lines for a report header.
+    pub fn markdown(&self) -> String {
+        let mut text = format!(
+            "- machine: {} × {}, {} GiB\n- kernel: Linux {}\n- commit: `{}`\n- date: {}\n- load average at start (1, 5, 15 min): {}\n",
+            self.cpus,
+            self.cpu_model,
+            self.memory_gib,
+            self.kernel,
+            self.commit,
+            self.date,
+            self.load_average
+        );
+        if !self.uncommitted.is_empty() {
+            let paths: Vec<String> = self.uncommitted.iter().map(|p| format!("`{p}`")).collect();
+            text += &format!(
+                "- uncommitted changes at run time in: {}\n",
+                paths.join(", ")
+            );
+        }
+        text
+    }
+}

@@ -19,23 +19,20 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use serde::{Deserialize, Serialize};
+use session::bench::{
+    Added, BaselineRev, BaselineRow, FsyncProbe, FsyncStats, Gate, MIN_ACHIEVED_SHARE, MaxRate,
+    Pinning, Results, Row, Side,
+};
+use session::targets::GATE_P99_ADDED_US;
 
 use crate::baseline;
-use crate::machine::{Machine, filesystem_of, load_average};
+use crate::machine::{filesystem_of, load_average};
 use crate::procs::{Binaries, init_demo_db, run_loadgen, start_gateway, start_mock_upstream};
 use crate::procstat;
 
-/// The gate: added p99 latency below this, in µs.
-const GATE_P99_ADDED_US: f64 = 1_000.0;
 const DELAYS_MS: [u64; 2] = [0, 5];
 const CLOSED_CONCURRENCY: [usize; 3] = [1, 16, 64];
 const OPEN_FRACTIONS: [f64; 3] = [0.25, 0.50, 0.75];
-/// An open-loop side that achieved less than this share of its target rate did not run the
-/// load it was asked for.
-const MIN_ACHIEVED_SHARE: f64 = 0.95;
-/// A direct (load side only) run sent later than this at p99 fell behind by itself.
-const MAX_DIRECT_SEND_LAG_US: f64 = 1000.0;
 /// Open loop connections: enough that at 75% of max with a 5 ms upstream no request queues
 /// in loadgen for want of a connection. 128 could not: ~20,700 req/s × 5.2-6.4 ms is 110-130
 /// in flight before the gateway queues at all, and both sides of that row fell behind (in a 3 s
@@ -85,230 +82,31 @@ struct Timing {
     step_warmup: f64,
 }
 
-#[derive(Serialize, Deserialize)]
-struct Pinning {
-    gateway_cpus: String,
-    gateway_cpus_allowed: String,
-    load_cpus: String,
-    mock_upstream_cpus_allowed: String,
-    gateway_workers: usize,
-}
-
-/// Raw fdatasync, two ways: overwriting blocks of a preallocated file (how SQLite reuses its
-/// WAL after a checkpoint: data only) and appending (a growing WAL: the size change is
-/// journalled too).
-#[derive(Serialize, Deserialize, Clone)]
-struct FsyncProbe {
-    overwrite: FsyncStats,
-    append: FsyncStats,
-}
-
-#[derive(Serialize, Deserialize, Clone)]
-struct FsyncStats {
-    samples: usize,
-    p50_us: f64,
-    p99_us: f64,
-    max_us: f64,
-}
-
-/// What one loadgen run reported (from its `--out` JSON).
-#[derive(Serialize, Deserialize, Clone)]
-struct Side {
-    achieved_rate: f64,
-    sent: u64,
-    ok: u64,
-    errors: BTreeMap<String, u64>,
-    p50_us: f64,
-    p90_us: f64,
-    p99_us: f64,
-    p999_us: f64,
-    max_us: f64,
-    p50_first_third_us: Option<f64>,
-    p50_last_third_us: Option<f64>,
-    /// Open loop: p99 of how late loadgen sent requests after their scheduled time.
-    send_lag_p99_us: Option<f64>,
-}
-
-impl Side {
-    fn read(path: &Path) -> anyhow::Result<Side> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let json: serde_json::Value = serde_json::from_str(&text)?;
-        let number = |value: &serde_json::Value| {
-            value
-                .as_f64()
-                .with_context(|| format!("{} lacks a field", path.display()))
-        };
-        let latency = &json["latency_us"];
-        Ok(Side {
-            achieved_rate: number(&json["achieved_rate"])?,
-            sent: json["sent"].as_u64().unwrap_or(0),
-            ok: json["ok"].as_u64().unwrap_or(0),
-            errors: serde_json::from_value(json["errors"].clone())?,
-            p50_us: number(&latency["p50"])?,
-            p90_us: number(&latency["p90"])?,
-            p99_us: number(&latency["p99"])?,
-            p999_us: number(&latency["p999"])?,
-            max_us: number(&latency["max"])?,
-            p50_first_third_us: json["p50_first_third_us"].as_f64(),
-            p50_last_third_us: json["p50_last_third_us"].as_f64(),
-            send_lag_p99_us: json["send_lag_us"]["p99"].as_f64(),
-        })
-    }
-
-    fn error_count(&self) -> u64 {
-        self.errors.values().sum()
-    }
-}
-
-#[derive(Serialize, Deserialize, Clone)]
-struct Added {
-    p50_us: f64,
-    p99_us: f64,
-    p999_us: f64,
-}
-
-#[derive(Serialize, Deserialize, Clone)]
-struct Row {
-    mode: String,
-    /// `c16` or `25%`.
-    load: String,
-    delay_ms: u64,
-    concurrency: Option<usize>,
-    fraction_of_max: Option<f64>,
-    target_rate: Option<f64>,
-    gateway: Side,
-    direct: Side,
-    /// None when the row is INVALID: a difference of two runs that did not run as asked.
-    added: Option<Added>,
-    receipts_at_start: u64,
-    receipts_at_end: u64,
-    wal_bytes_after: u64,
-    /// The gateway's CPU time (user + system, /proc/PID/stat) over the row's loadgen run,
-    /// warm-up included, per request sent. Absent from older results.json.
-    #[serde(default)]
-    gateway_cpu_us_per_request: Option<f64>,
-    /// PASS, FAIL, FAIL (errors) or INVALID.
-    gate: String,
-    /// Why the row is INVALID. Absent from older results.json; `judge` recomputes it.
-    #[serde(default)]
-    invalid_reason: Option<String>,
-    /// The same row against the `--baseline` gateway, judged against the same direct side.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    baseline: Option<BaselineRow>,
-}
-
-/// A `--baseline` gateway's side of a row.
-#[derive(Serialize, Deserialize, Clone)]
-struct BaselineRow {
-    gateway: Side,
-    added: Option<Added>,
-    gateway_cpu_us_per_request: Option<f64>,
-    receipts_at_end: u64,
-    gate: String,
-    invalid_reason: Option<String>,
-}
-
-impl Row {
-    /// A row that did not run as asked gets no added figures and no verdict.
-    fn judge(&mut self) {
-        if let Some(reason) = invalid_reason(self.target_rate, &self.gateway, &self.direct) {
-            self.gate = "INVALID".to_owned();
-            self.invalid_reason = Some(reason);
-            self.added = None;
-        }
-        if let Some(b) = &mut self.baseline
-            && let Some(reason) = invalid_reason(self.target_rate, &b.gateway, &self.direct)
-        {
-            b.gate = "INVALID".to_owned();
-            b.invalid_reason = Some(reason);
-            b.added = None;
-        }
-    }
-
-    fn is_valid(&self) -> bool {
-        self.invalid_reason.is_none()
-    }
-}
-
-/// Why a row's figures do not measure the load it asked for, if they do not: a side (gateway
-/// or direct) left requests unsent, or, in the open loop, achieved under 95% of the target.
-fn invalid_reason(target_rate: Option<f64>, gateway: &Side, direct: &Side) -> Option<String> {
-    let mut reasons = Vec::new();
-    for (name, side) in [("gateway", gateway), ("direct", direct)] {
-        let unsent = side.errors.get("unsent").copied().unwrap_or(0);
-        if unsent > 0 {
-            reasons.push(format!("the {name} side left {unsent} requests unsent"));
-        }
-        if let Some(target) = target_rate
-            && side.achieved_rate < MIN_ACHIEVED_SHARE * target
-        {
-            reasons.push(format!(
-                "the {name} side achieved {:.0} of {target:.0} req/s ({:.0}%)",
-                side.achieved_rate,
-                100.0 * side.achieved_rate / target
-            ));
-        }
-    }
-    // The baseline is what the load side alone costs: if loadgen sent it late, or it came out
-    // slower than the gateway's run, the load side set these latencies, not the gateway.
-    if let Some(lag) = direct
-        .send_lag_p99_us
-        .filter(|&lag| lag > MAX_DIRECT_SEND_LAG_US)
-    {
-        reasons.push(format!(
-            "loadgen sent the direct side late (send lag p99 {lag:.0} µs)"
-        ));
-    }
-    for (name, g, d) in [
-        ("p50", gateway.p50_us, direct.p50_us),
-        ("p99", gateway.p99_us, direct.p99_us),
-        ("p99.9", gateway.p999_us, direct.p999_us),
-    ] {
-        if d > g {
-            reasons.push(format!(
-                "the direct side was slower than the gateway at {name} ({d:.0} vs {g:.0} µs)"
-            ));
-        }
-    }
-    (!reasons.is_empty()).then(|| reasons.join("; "))
-}
-
-#[derive(Serialize, Deserialize)]
-struct MaxRate {
-    delay_ms: u64,
-    max_rate: f64,
-    best_concurrency: u64,
-    receipts_in_template: u64,
-}
-
-#[derive(Serialize, Deserialize)]
-struct BaselineRev {
-    rev: String,
-    commit: String,
-}
-
-#[derive(Serialize, Deserialize)]
-struct Results {
-    machine: Machine,
-    pinning: Pinning,
-    ledger_filesystem: String,
-    quick: bool,
-    row_duration_s: f64,
-    row_warmup_s: f64,
-    gate_p99_added_us: f64,
-    /// Older results.json do not say: they ran with 128.
-    #[serde(default = "connections_before_256")]
-    open_connections: usize,
-    fdatasync_before: FsyncProbe,
-    fdatasync_after: FsyncProbe,
-    max_rates: Vec<MaxRate>,
-    /// `--baseline`: the revision asked for and the commit it named.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    baseline: Option<BaselineRev>,
-    rows: Vec<Row>,
-    wall_time_s: f64,
-    load_average_at_end: String,
+/// loadgen's `--out` summary of one side.
+fn read_side(path: &Path) -> anyhow::Result<Side> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)?;
+    let number = |value: &serde_json::Value| {
+        value
+            .as_f64()
+            .with_context(|| format!("{} lacks a field", path.display()))
+    };
+    let latency = &json["latency_us"];
+    Ok(Side {
+        achieved_rate: number(&json["achieved_rate"])?,
+        sent: json["sent"].as_u64().unwrap_or(0),
+        ok: json["ok"].as_u64().unwrap_or(0),
+        errors: serde_json::from_value(json["errors"].clone())?,
+        p50_us: number(&latency["p50"])?,
+        p90_us: number(&latency["p90"])?,
+        p99_us: number(&latency["p99"])?,
+        p999_us: number(&latency["p999"])?,
+        max_us: number(&latency["max"])?,
+        p50_first_third_us: json["p50_first_third_us"].as_f64(),
+        p50_last_third_us: json["p50_last_third_us"].as_f64(),
+        send_lag_p99_us: json["send_lag_us"]["p99"].as_f64(),
+    })
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -347,7 +145,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
     };
     ensure!(timing.row > 0.0, "--duration must be positive");
-    let machine = Machine::collect();
+    let machine = crate::machine::collect();
     let out_dir = crate::session_dir::prepare(
         args.out.as_deref(),
         if args.quick { "bench-quick" } else { "bench" },
@@ -486,11 +284,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             direct_run.extend(shape.flags(&timing, &direct_json));
             run_loadgen(&bins, load_cpus, &direct_run, loadgen_timeout, &row_dir)?;
 
-            let direct_side = Side::read(&direct_json)?;
+            let direct_side = read_side(&direct_json)?;
             let baseline_row = baseline_run.map(|b| {
-                let b_added = added(&b.side, &direct_side);
+                let b_added = Added::between(&b.side, &direct_side);
                 BaselineRow {
-                    gate: gate(&b.side, &b_added),
+                    gate: Gate::judge(&b.side, &b_added),
                     added: Some(b_added),
                     gateway: b.side,
                     gateway_cpu_us_per_request: b.cpu_us_per_request,
@@ -498,8 +296,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     invalid_reason: None,
                 }
             });
-            let this_added = added(&current.side, &direct_side);
-            let gate = gate(&current.side, &this_added);
+            let this_added = Added::between(&current.side, &direct_side);
+            let gate = Gate::judge(&current.side, &this_added);
             let mut row = Row {
                 mode: shape.mode().to_owned(),
                 load: shape.label(),
@@ -570,7 +368,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         quick: args.quick,
         row_duration_s: timing.row,
         row_warmup_s: timing.warmup,
-        gate_p99_added_us: GATE_P99_ADDED_US,
+        gate_p99_added_us: GATE_P99_ADDED_US.limit(),
         open_connections: OPEN_CONNECTIONS,
         fdatasync_before,
         fdatasync_after,
@@ -644,31 +442,13 @@ impl GatewayRun<'_> {
         let wal_bytes_after = file_len(&dir.join(format!("{LEDGER_FILE}-wal")));
         gateway.proc.stop()?;
         drop(gateway);
-        let side = Side::read(&json)?;
+        let side = read_side(&json)?;
         Ok(GatewaySide {
             cpu_us_per_request: cpu_s.map(|s| s * 1e6 / side.sent.max(1) as f64),
             side,
             receipts_at_end: verify(self.bins, &db)?,
             wal_bytes_after,
         })
-    }
-}
-
-fn added(gateway: &Side, direct: &Side) -> Added {
-    Added {
-        p50_us: gateway.p50_us - direct.p50_us,
-        p99_us: gateway.p99_us - direct.p99_us,
-        p999_us: gateway.p999_us - direct.p999_us,
-    }
-}
-
-fn gate(gateway: &Side, added: &Added) -> String {
-    if gateway.error_count() > 0 {
-        "FAIL (errors)".to_owned()
-    } else if added.p99_us < GATE_P99_ADDED_US {
-        "PASS".to_owned()
-    } else {
-        "FAIL".to_owned()
     }
 }
 
@@ -1031,10 +811,6 @@ Each row ran this gateway, then the baseline on a copy of the same ledger at the
     md
 }
 
-fn connections_before_256() -> usize {
-    128
-}
-
 fn errors_text(errors: &BTreeMap<String, u64>) -> String {
     if errors.is_empty() {
         return "0".to_owned();
@@ -1086,7 +862,7 @@ fn reading(r: &Results) -> String {
             first(&r.load_average_at_end)
         );
     }
-    let passed = r.rows.iter().filter(|row| row.gate == "PASS").count();
+    let passed = r.rows.iter().filter(|row| row.gate.verdict().met()).count();
     let invalid: Vec<String> = r
         .rows
         .iter()
@@ -1217,193 +993,6 @@ fn reading(r: &Results) -> String {
 mod tests {
     use super::*;
 
-    fn side(achieved_rate: f64, errors: &[(&str, u64)]) -> Side {
-        Side {
-            achieved_rate,
-            sent: 0,
-            ok: 0,
-            errors: errors.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect(),
-            p50_us: 0.0,
-            p90_us: 0.0,
-            p99_us: 0.0,
-            p999_us: 0.0,
-            max_us: 0.0,
-            p50_first_third_us: None,
-            p50_last_third_us: None,
-            send_lag_p99_us: None,
-        }
-    }
-
-    #[test]
-    fn a_row_that_ran_as_asked_is_valid() {
-        let target = Some(1000.0);
-        assert_eq!(
-            invalid_reason(target, &side(1000.0, &[]), &side(990.0, &[])),
-            None
-        );
-        assert_eq!(
-            invalid_reason(target, &side(950.0, &[]), &side(950.0, &[])),
-            None,
-            "95% of the target is enough"
-        );
-        // A server error is the gateway's failure to judge, not a load that did not run.
-        assert_eq!(
-            invalid_reason(target, &side(1000.0, &[("500", 3)]), &side(1000.0, &[])),
-            None
-        );
-        // The closed loop has no target rate: any achieved rate is what it measures.
-        assert_eq!(
-            invalid_reason(None, &side(10.0, &[]), &side(5.0, &[])),
-            None
-        );
-    }
-
-    #[test]
-    fn a_direct_baseline_that_is_not_one_makes_a_row_invalid() {
-        let gateway = Side {
-            p50_us: 500.0,
-            p99_us: 2000.0,
-            p999_us: 3000.0,
-            ..side(1000.0, &[])
-        };
-        // Slower than the gateway at p99: the load side set the latencies.
-        let slow = Side {
-            p50_us: 100.0,
-            p99_us: 30_000.0,
-            p999_us: 2000.0,
-            ..side(1000.0, &[])
-        };
-        let reason = invalid_reason(Some(1000.0), &gateway, &slow).unwrap();
-        assert!(
-            reason.contains("slower than the gateway at p99"),
-            "{reason}"
-        );
-        assert!(!reason.contains("at p50"), "{reason}");
-        // Sent late by loadgen itself.
-        let late = Side {
-            send_lag_p99_us: Some(1500.0),
-            ..side(1000.0, &[])
-        };
-        let reason = invalid_reason(Some(1000.0), &gateway, &late).unwrap();
-        assert!(reason.contains("send lag p99 1500"), "{reason}");
-        // The gateway side's own send lag is its queueing, charged to it: not a reason.
-        let queued = Side {
-            send_lag_p99_us: Some(50_000.0),
-            ..gateway.clone()
-        };
-        assert_eq!(
-            invalid_reason(Some(1000.0), &queued, &side(1000.0, &[])),
-            None
-        );
-    }
-
-    #[test]
-    fn unsent_requests_on_either_side_make_a_row_invalid() {
-        let gateway = invalid_reason(None, &side(100.0, &[("unsent", 7)]), &side(100.0, &[]));
-        assert!(
-            gateway
-                .as_deref()
-                .is_some_and(|r| r.contains("gateway") && r.contains('7'))
-        );
-        let direct = invalid_reason(None, &side(100.0, &[]), &side(100.0, &[("unsent", 2)]));
-        assert!(
-            direct
-                .as_deref()
-                .is_some_and(|r| r.contains("direct") && !r.contains("gateway"))
-        );
-    }
-
-    #[test]
-    fn an_open_loop_below_95_percent_of_its_target_is_invalid() {
-        let reason = invalid_reason(Some(1000.0), &side(1000.0, &[]), &side(949.0, &[]));
-        assert!(
-            reason
-                .as_deref()
-                .is_some_and(|r| r.contains("direct") && r.contains("949"))
-        );
-        let both = invalid_reason(Some(1000.0), &side(500.0, &[]), &side(400.0, &[]));
-        assert!(
-            both.as_deref()
-                .is_some_and(|r| r.contains("gateway") && r.contains("direct"))
-        );
-    }
-
-    #[test]
-    fn judging_an_invalid_row_drops_its_added_figures_and_verdict() {
-        let mut row = Row {
-            mode: "open".to_owned(),
-            load: "75%".to_owned(),
-            delay_ms: 5,
-            concurrency: None,
-            fraction_of_max: Some(0.75),
-            target_rate: Some(1000.0),
-            gateway: side(700.0, &[("unsent", 9)]),
-            direct: side(1000.0, &[]),
-            added: Some(Added {
-                p50_us: -1.0,
-                p99_us: -1.0,
-                p999_us: -1.0,
-            }),
-            receipts_at_start: 0,
-            receipts_at_end: 0,
-            wal_bytes_after: 0,
-            gateway_cpu_us_per_request: Some(50.0),
-            gate: "FAIL (errors)".to_owned(),
-            invalid_reason: None,
-            baseline: None,
-        };
-        row.judge();
-        assert_eq!(row.gate, "INVALID");
-        assert!(row.added.is_none() && !row.is_valid());
-        let json = serde_json::to_value(&row).unwrap();
-        assert!(json["added"].is_null() && json["invalid_reason"].is_string());
-    }
-
-    #[test]
-    fn a_baseline_side_is_judged_on_its_own() {
-        let figures = Added {
-            p50_us: 10.0,
-            p99_us: 10.0,
-            p999_us: 10.0,
-        };
-        let mut row = Row {
-            mode: "open".to_owned(),
-            load: "25%".to_owned(),
-            delay_ms: 0,
-            concurrency: None,
-            fraction_of_max: Some(0.25),
-            target_rate: Some(1000.0),
-            gateway: side(1000.0, &[]),
-            direct: side(1000.0, &[]),
-            added: Some(figures.clone()),
-            receipts_at_start: 0,
-            receipts_at_end: 0,
-            wal_bytes_after: 0,
-            gateway_cpu_us_per_request: Some(50.0),
-            gate: "PASS".to_owned(),
-            invalid_reason: None,
-            baseline: Some(BaselineRow {
-                gateway: side(600.0, &[]),
-                added: Some(figures),
-                gateway_cpu_us_per_request: Some(90.0),
-                receipts_at_end: 0,
-                gate: "PASS".to_owned(),
-                invalid_reason: None,
-            }),
-        };
-        row.judge();
-        assert!(row.is_valid() && row.added.is_some() && row.gate == "PASS");
-        let base = row.baseline.as_ref().unwrap();
-        assert_eq!(base.gate, "INVALID");
-        assert!(base.added.is_none());
-        assert!(
-            base.invalid_reason
-                .as_deref()
-                .unwrap()
-                .contains("achieved 600 of 1000")
-        );
-    }
-
     #[test]
     fn a_baseline_that_names_no_commit_is_refused() {
         let err = baseline::build("no-such-revision").err().unwrap();
@@ -1411,5 +1000,25 @@ mod tests {
             err.to_string().contains("not a commit of this repository"),
             "{err}"
         );
+    }
+
+    /// Golden: every committed bench run's RESULTS.md is what `--render` makes of its
+    /// results.json (which re-judges the rows first).
+    #[test]
+    fn every_committed_bench_re_renders_byte_for_byte() {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(crate::workspace::root().join("profiles"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.join("results.json").is_file())
+            .collect();
+        dirs.sort();
+        assert!(!dirs.is_empty(), "no profiles/*/results.json");
+        for dir in &dirs {
+            let mut results: Results =
+                crate::workspace::read_json(&dir.join("results.json")).unwrap();
+            results.rows.iter_mut().for_each(Row::judge);
+            let committed = std::fs::read_to_string(dir.join("RESULTS.md")).unwrap();
+            assert!(markdown(&results) == committed, "{} differs", dir.display());
+        }
     }
 }

@@ -156,7 +156,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     // Before anything is built or started: the commit measured, and the load average the
     // session started from.
-    let machine = Machine::collect();
+    let machine = crate::machine::collect();
     let out = session_dir::prepare(
         args.out.as_deref(),
         &format!("{}pct-{}ms", (args.load * 100.0).round(), args.delay_ms),

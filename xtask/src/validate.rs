@@ -31,7 +31,6 @@ use session::analysis::{accuracy, crosscheck};
 
 use crate::ab::{self as windows_ab, Traced, latency, median};
 use crate::flags;
-use crate::machine::Machine;
 use crate::procs::{
     self, Binaries, Gateway, MockUpstream, init_demo_db, run_loadgen, start_gateway,
     start_mock_upstream, start_tracer,
@@ -431,7 +430,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .tempdir()?;
 
     // Before building: the commit and the uncommitted paths are those of the code measured.
-    let machine = Machine::collect();
+    let machine = crate::machine::collect();
     let bins = Binaries::build()?;
     let tracer = build_tracer()?;
     let load_cpus = Some(args.placement.load_cpus.as_str());

@@ -911,6 +911,9 @@ mod golden {
                 differing.push(dir.display().to_string());
             }
         }
-        assert!(differing.is_empty(), "re-rendered READMEs differ: {differing:?}");
+        assert!(
+            differing.is_empty(),
+            "re-rendered READMEs differ: {differing:?}"
+        );
     }
 }
