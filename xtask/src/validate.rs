@@ -28,6 +28,7 @@ use anyhow::{Context as _, bail};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 use session::analysis::{accuracy, crosscheck};
+use session::validation::VALIDATION_JSON;
 
 use crate::ab::{self as windows_ab, Traced, latency, median};
 use crate::flags;
@@ -408,10 +409,7 @@ fn mode_cost(
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(dir) = &args.render {
-        let path = dir.join("validation.json");
-        let text =
-            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let readme = readme::write(dir, &serde_json::from_str(&text)?)?;
+        let readme = readme::render_dir(dir)?;
         eprintln!("xtask: wrote {}", readme.display());
         return Ok(());
     }
@@ -755,11 +753,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "soak": soak_json,
         "wall_time_s": started.elapsed().as_secs_f64(),
     });
-    fs::write(
-        out.join("validation.json"),
-        serde_json::to_string_pretty(&validation)? + "\n",
-    )?;
-    let readme = readme::write(&out, &validation)?;
+    let path = out.join(VALIDATION_JSON);
+    fs::write(&path, serde_json::to_string_pretty(&validation)? + "\n")?;
+    // Written first, so a figure that does not fit its type loses nothing.
+    let readme = readme::render_dir(&out)?;
     eprintln!(
         "xtask: validation written to {} in {:.0} s",
         readme.display(),
