@@ -11,7 +11,6 @@
 //! same ledger at the same rates, between this gateway's run and the direct one: a before /
 //! after pair from one run on one host.
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -19,9 +18,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
+mod results_md;
+
 use session::bench::{
-    Added, BaselineRev, BaselineRow, FsyncProbe, FsyncStats, Gate, MIN_ACHIEVED_SHARE, MaxRate,
-    Pinning, Results, Row, Side,
+    Added, BaselineRev, BaselineRow, FsyncProbe, FsyncStats, Gate, MaxRate, Pinning, Results, Row,
+    Side,
 };
 use session::targets::GATE_P99_ADDED_US;
 
@@ -121,7 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         results.rows.iter_mut().for_each(Row::judge);
         std::fs::write(&json, serde_json::to_string_pretty(&results)? + "\n")
             .with_context(|| format!("writing {}", json.display()))?;
-        std::fs::write(dir.join("RESULTS.md"), markdown(&results))?;
+        std::fs::write(dir.join("RESULTS.md"), results_md::render(&results))?;
         eprintln!(
             "bench: re-judged {}/results.json and rewrote RESULTS.md from it",
             dir.display()
@@ -385,7 +386,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out_dir.join("results.json"),
         serde_json::to_string_pretty(&results)? + "\n",
     )?;
-    std::fs::write(out_dir.join("RESULTS.md"), markdown(&results))?;
+    std::fs::write(out_dir.join("RESULTS.md"), results_md::render(&results))?;
     eprintln!(
         "bench: done in {:.0} s; wrote {}/RESULTS.md and results.json",
         results.wall_time_s,
@@ -640,355 +641,6 @@ fn fdatasync_loop(dir: &Path, append: bool) -> anyhow::Result<FsyncStats> {
     })
 }
 
-fn markdown(results: &Results) -> String {
-    let mut md = String::new();
-    let r = results;
-    md += &format!(
-        "# Phase 0 overhead bench{}\n\nWritten by `cargo xtask bench{}`; every figure below comes from that run ([results.json](results.json)).\n\n",
-        if r.quick { " (quick)" } else { "" },
-        if r.quick { " --quick" } else { "" }
-    );
-    md += "## Setup\n\n";
-    md += &r.machine.markdown();
-    let p = &r.pinning;
-    md += &format!(
-        "- pinning: gateway `taskset -c {}` (allowed: {}), {} tokio worker(s); loadgen and mock-upstream `taskset -c {}` (mock-upstream allowed: {})\n",
-        p.gateway_cpus,
-        p.gateway_cpus_allowed,
-        p.gateway_workers,
-        p.load_cpus,
-        p.mock_upstream_cpus_allowed
-    );
-    md += &format!("- ledger filesystem: {}\n", r.ledger_filesystem);
-    md += &format!(
-        "- rows: {} s measured after {} s warm-up; open loop over {} connections, latency from the scheduled send; closed loop, one connection per request in flight\n",
-        r.row_duration_s, r.row_warmup_s, r.open_connections
-    );
-    md += &format!(
-        "- wall time: {:.0} s; load average at the end: {}\n\n",
-        r.wall_time_s, r.load_average_at_end
-    );
-
-    md += "## Raw fdatasync on the ledger's filesystem (4 KiB write + fdatasync)\n\nOverwrite: blocks of a preallocated file, as SQLite reuses its WAL after a checkpoint. Append: a growing file, whose size change is journalled as well.\n\n| when | kind | samples | p50 µs | p99 µs | max µs |\n|---|---|---|---|---|---|\n";
-    for (when, probe) in [
-        ("before the matrix", &r.fdatasync_before),
-        ("after the matrix", &r.fdatasync_after),
-    ] {
-        for (kind, f) in [("overwrite", &probe.overwrite), ("append", &probe.append)] {
-            md += &format!(
-                "| {when} | {kind} | {} | {:.0} | {:.0} | {:.0} |\n",
-                f.samples, f.p50_us, f.p99_us, f.max_us
-            );
-        }
-    }
-    md += "\n## Max rate (closed-loop search, `loadgen --find-max`)\n\n| upstream delay | max req/s | at concurrency | receipts in the starting ledger |\n|---|---|---|---|\n";
-    for m in &r.max_rates {
-        md += &format!(
-            "| {} ms | {:.0} | {} | {} |\n",
-            m.delay_ms, m.max_rate, m.best_concurrency, m.receipts_in_template
-        );
-    }
-
-    md += &format!(
-        "\n## Results\n\nLatency in µs. Added = gateway − direct at the same percentile. Gate: added p99 < {:.0} µs, and no errors. A row where either side fell behind (requests left unsent, or an open loop under {:.0}% of its target rate), or whose direct baseline is not one (sent more than 1 ms late at p99, or slower than the gateway at a percentile), did not measure the gateway: it is INVALID, with no added figures and no verdict.\n\n",
-        r.gate_p99_added_us,
-        MIN_ACHIEVED_SHARE * 100.0
-    );
-    md += "| mode | delay | load | target req/s | achieved req/s | errors | total p50 | total p99 | total p99.9 | added p50 | added p99 | added p99.9 | gate | gateway CPU µs / req |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for row in &r.rows {
-        let g = &row.gateway;
-        let added = |pick: fn(&Added) -> f64| {
-            row.added
-                .as_ref()
-                .map_or_else(|| "—".to_owned(), |a| format!("{:.0}", pick(a)))
-        };
-        md += &format!(
-            "| {} | {} ms | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} |\n",
-            row.mode,
-            row.delay_ms,
-            row.load,
-            row.target_rate
-                .map_or_else(|| "—".to_owned(), |rate| format!("{rate:.0}")),
-            g.achieved_rate,
-            errors_text(&g.errors),
-            g.p50_us,
-            g.p99_us,
-            g.p999_us,
-            added(|a| a.p50_us),
-            added(|a| a.p99_us),
-            added(|a| a.p999_us),
-            row.gate,
-            row.gateway_cpu_us_per_request
-                .map_or_else(|| "—".to_owned(), |us| format!("{us:.1}")),
-        );
-    }
-    for row in r.rows.iter().filter(|row| !row.is_valid()) {
-        md += &format!(
-            "\nINVALID, {} {} ms {}: {}.\n",
-            row.mode,
-            row.delay_ms,
-            row.load,
-            row.invalid_reason.as_deref().unwrap_or_default()
-        );
-    }
-    md += "\n### Direct baseline and steady state\n\n| mode | delay | load | direct achieved req/s | direct errors | direct p50 | direct p99 | direct p99.9 | loadgen send lag p99 gateway / direct | gateway p50 first third | gateway p50 last third | receipts start → end | WAL bytes after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for row in &r.rows {
-        let d = &row.direct;
-        let third = |v: Option<f64>| v.map_or_else(|| "—".to_owned(), |v| format!("{v:.0}"));
-        md += &format!(
-            "| {} | {} ms | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} / {} | {} | {} | {} → {} | {} |\n",
-            row.mode,
-            row.delay_ms,
-            row.load,
-            d.achieved_rate,
-            errors_text(&d.errors),
-            d.p50_us,
-            d.p99_us,
-            d.p999_us,
-            third(row.gateway.send_lag_p99_us),
-            third(d.send_lag_p99_us),
-            third(row.gateway.p50_first_third_us),
-            third(row.gateway.p50_last_third_us),
-            row.receipts_at_start,
-            row.receipts_at_end,
-            row.wal_bytes_after
-        );
-    }
-    if let Some(b) = &r.baseline {
-        md += &baseline_markdown(r, b);
-    }
-    md += &reading(r);
-    md
-}
-
-/// This gateway beside the `--baseline` one, row by row, from the same run.
-fn baseline_markdown(r: &Results, b: &BaselineRev) -> String {
-    let mut md = format!(
-        "
-## Same run: this gateway beside `{}` ({})
-
-Each row ran this gateway, then the baseline on a copy of the same ledger at the same load, then the direct side both are judged against. Added p99 in µs; CPU = the gateway's CPU µs per request sent.
-
-| mode | delay | load | added p99 this | added p99 baseline | gate this / baseline | CPU this | CPU baseline | CPU this / baseline |\n|---|---|---|---|---|---|---|---|---|\n",
-        b.rev,
-        &b.commit[..b.commit.len().min(12)]
-    );
-    let us = |v: Option<f64>, digits: usize| {
-        v.map_or_else(|| "—".to_owned(), |v| format!("{v:.digits$}"))
-    };
-    for row in &r.rows {
-        let Some(base) = &row.baseline else { continue };
-        let ratio = row
-            .gateway_cpu_us_per_request
-            .zip(base.gateway_cpu_us_per_request)
-            .map(|(this, base)| this / base);
-        md += &format!(
-            "| {} | {} ms | {} | {} | {} | {} / {} | {} | {} | {} |\n",
-            row.mode,
-            row.delay_ms,
-            row.load,
-            us(row.added.as_ref().map(|a| a.p99_us), 0),
-            us(base.added.as_ref().map(|a| a.p99_us), 0),
-            row.gate,
-            base.gate,
-            us(row.gateway_cpu_us_per_request, 1),
-            us(base.gateway_cpu_us_per_request, 1),
-            us(ratio, 2),
-        );
-    }
-    for row in &r.rows {
-        if let Some(BaselineRow {
-            invalid_reason: Some(reason),
-            ..
-        }) = &row.baseline
-        {
-            md += &format!(
-                "\nBaseline INVALID, {} {} ms {}: {reason}.\n",
-                row.mode, row.delay_ms, row.load
-            );
-        }
-    }
-    md
-}
-
-fn errors_text(errors: &BTreeMap<String, u64>) -> String {
-    if errors.is_empty() {
-        return "0".to_owned();
-    }
-    errors
-        .iter()
-        .map(|(kind, n)| format!("{n}×{kind}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The reading of the run: sentences whose every number is taken from the results.
-fn reading(r: &Results) -> String {
-    let mut md = String::from("\n## What these numbers show, and what they do not\n\n");
-    let gate_rows: Vec<&Row> = r
-        .rows
-        .iter()
-        .filter(|row| row.fraction_of_max == Some(0.25))
-        .collect();
-    for row in &gate_rows {
-        md += &match (&row.added, &row.invalid_reason) {
-            (Some(added), _) => format!(
-                "- **Gate row, open loop at 25% of max, upstream delay {} ms** ({:.0} req/s): added p99 {:.0} µs against the {:.0} µs gate: **{}**.\n",
-                row.delay_ms,
-                row.gateway.achieved_rate,
-                added.p99_us,
-                r.gate_p99_added_us,
-                row.gate
-            ),
-            (None, reason) => format!(
-                "- **Gate row, open loop at 25% of max, upstream delay {} ms**: **INVALID**, {}; no verdict.\n",
-                row.delay_ms,
-                reason.as_deref().unwrap_or_default()
-            ),
-        };
-    }
-    // While rows run, the bench itself keeps about two runnable processes.
-    let first = |loadavg: &str| {
-        loadavg
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    if first(&r.machine.load_average) > 0.5 || first(&r.load_average_at_end) > 2.5 {
-        md += &format!(
-            "- **The machine was not idle**: 1-minute load average {} when the bench started and {} when it ended (its own rows account for about 2). Other work competed for the CPUs and the disk; read every figure as measured on a shared machine.\n",
-            first(&r.machine.load_average),
-            first(&r.load_average_at_end)
-        );
-    }
-    let passed = r.rows.iter().filter(|row| row.gate.verdict().met()).count();
-    let invalid: Vec<String> = r
-        .rows
-        .iter()
-        .filter(|row| !row.is_valid())
-        .map(|row| format!("{} {} ms {}", row.mode, row.delay_ms, row.load))
-        .collect();
-    md += &if invalid.is_empty() {
-        format!("- {passed} of {} rows pass the gate.\n", r.rows.len())
-    } else {
-        format!(
-            "- {passed} of {} valid rows pass the gate. INVALID, with no verdict: {}. The bullets below leave INVALID rows out.\n",
-            r.rows.len() - invalid.len(),
-            invalid.join(", ")
-        )
-    };
-    let open: Vec<&Row> = r
-        .rows
-        .iter()
-        .filter(|row| row.mode == "open" && row.is_valid())
-        .collect();
-    md += &format!(
-        "- The physical floor: raw fdatasync (overwrite) p50 {:.0} µs and p99 {:.0} µs before the matrix, p50 {:.0} µs and p99 {:.0} µs after (appending costs more: see the table). A receipt is answered only after its batch's commit, so one fdatasync is inside every gateway request's latency; the added p50 of the open-loop rows ({}) can be read against that p50.\n",
-        r.fdatasync_before.overwrite.p50_us,
-        r.fdatasync_before.overwrite.p99_us,
-        r.fdatasync_after.overwrite.p50_us,
-        r.fdatasync_after.overwrite.p99_us,
-        open.iter()
-            .filter_map(|row| Some(format!(
-                "{} ms {}: {:.0} µs",
-                row.delay_ms,
-                row.load,
-                row.added.as_ref()?.p50_us
-            )))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    for delay in DELAYS_MS {
-        let rows: Vec<&&Row> = open.iter().filter(|row| row.delay_ms == delay).collect();
-        let monotonic = rows
-            .windows(2)
-            .all(|pair| pair[0].gateway.p99_us <= pair[1].gateway.p99_us);
-        md += &format!(
-            "- Open-loop gateway p99 at delay {delay} ms over {} of max: {} µs — {}monotonic in load.\n",
-            rows.iter()
-                .map(|row| row.load.as_str())
-                .collect::<Vec<_>>()
-                .join("/"),
-            rows.iter()
-                .map(|row| format!("{:.0}", row.gateway.p99_us))
-                .collect::<Vec<_>>()
-                .join(" → "),
-            if monotonic { "" } else { "**not** " }
-        );
-    }
-    let baseline_p99: Vec<String> = open
-        .iter()
-        .map(|row| {
-            format!(
-                "{} ms {}: {:.0} µs",
-                row.delay_ms, row.load, row.direct.p99_us
-            )
-        })
-        .collect();
-    let noisy = open
-        .iter()
-        .filter(|row| row.direct.p99_us - row.delay_ms as f64 * 1e3 > r.gate_p99_added_us)
-        .count();
-    md += &format!(
-        "- The baseline's own tail: direct p99 of the open-loop rows {}. {}\n",
-        baseline_p99.join(", "),
-        if noisy > 0 {
-            format!(
-                "In {noisy} of {} open-loop rows the direct p99 exceeds the upstream delay by more than the {:.0} µs gate: without the gateway, loadgen, mock-upstream and the machine already add that much tail, so those rows' verdicts say as much about the machine as about the gateway.",
-                open.len(),
-                r.gate_p99_added_us
-            )
-        } else {
-            format!(
-                "In every open-loop row the direct p99 is within {:.0} µs of the upstream delay, so the baseline is quiet enough to judge the gate.",
-                r.gate_p99_added_us
-            )
-        }
-    );
-    let drift: Vec<String> = open
-        .iter()
-        .filter_map(|row| {
-            let (first, last) = (
-                row.gateway.p50_first_third_us?,
-                row.gateway.p50_last_third_us?,
-            );
-            Some(format!(
-                "{} ms {}: {first:.0} → {last:.0} µs",
-                row.delay_ms, row.load
-            ))
-        })
-        .collect();
-    md += &format!(
-        "- Steady state: every row starts from a copy of the same ledger (the one the max-rate search filled; its receipt count is in the max-rate table) and runs its own gateway, so no row inherits a ledger grown by the rows before it. Within a row, gateway p50 of the first vs last third of the window: {}.\n",
-        drift.join(", ")
-    );
-    md += "- Added latency is a difference of percentiles of two runs (gateway, then direct), not a percentile of per-request differences; run-to-run noise on a shared 2-core VM enters it directly, and it can come out negative.\n";
-    md += "- Closed-loop rows at c16 and c64 saturate the gateway: their latency is mostly queueing behind other requests, so their added latency measures capacity, not per-request overhead. The gate is meant for the open-loop rows at 25% of max.\n";
-    md += &format!(
-        "- loadgen and mock-upstream share one CPU. Send lag (sent − scheduled, p99, gateway row / direct row): {}. It is loadgen's own dispatch delay plus any wait for a free connection while all {} were in flight at the server, and it is counted in the latency, as it must be. The direct rows bound loadgen's own part; where a gateway row's lag is far above its direct row's, the gateway was holding every connection (a stall or a queue), not loadgen falling behind.\n",
-        open.iter()
-            .map(|row| {
-                let lag = |side: &Side| {
-                    side.send_lag_p99_us
-                        .map_or_else(|| "—".to_owned(), |v| format!("{v:.0}"))
-                };
-                format!(
-                    "{} ms {}: {} / {} µs",
-                    row.delay_ms,
-                    row.load,
-                    lag(&row.gateway),
-                    lag(&row.direct)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", "),
-        r.open_connections
-    );
-    md += "- This is the client-side view: it says how much the gateway adds, not where inside the gateway the time goes. That is the tracer's job (`cargo xtask profile`).\n";
-    md
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1018,7 +670,11 @@ mod tests {
                 crate::workspace::read_json(&dir.join("results.json")).unwrap();
             results.rows.iter_mut().for_each(Row::judge);
             let committed = std::fs::read_to_string(dir.join("RESULTS.md")).unwrap();
-            assert!(markdown(&results) == committed, "{} differs", dir.display());
+            assert!(
+                results_md::render(&results) == committed,
+                "{} differs",
+                dir.display()
+            );
         }
     }
 }
