@@ -176,10 +176,9 @@ impl Bench {
     }
 
     /// The tracer's session in `dir` joined with loadgen's per-request log `client_csv`.
-    fn accuracy(&self, client_csv: &Path, dir: &Path) -> anyhow::Result<Value> {
+    fn accuracy(&self, client_csv: &Path, dir: &Path) -> anyhow::Result<accuracy::Accuracy> {
         let (requests, incomplete) = (dir.join("requests.csv"), dir.join("incomplete.csv"));
-        let join = accuracy::join_files(client_csv, &requests, &incomplete)?;
-        Ok(serde_json::to_value(join)?)
+        accuracy::join_files(client_csv, &requests, &incomplete)
     }
 
     /// Starts `tracer record` on the load CPUs and waits until its programs are attached.
@@ -407,6 +406,30 @@ fn mode_cost(
     })
 }
 
+/// The lengths of each part, `--quick` applied.
+struct Timing {
+    accuracy_s: f64,
+    window_s: f64,
+    mode_window_s: f64,
+    loss_s: f64,
+    soak_s: f64,
+    find_max_step_s: f64,
+}
+
+impl Timing {
+    fn of(args: &Args) -> Timing {
+        let quick = args.quick;
+        Timing {
+            accuracy_s: if quick { 5.0 } else { args.duration },
+            window_s: if quick { 3.0 } else { args.window },
+            mode_window_s: if quick { 2.0 } else { args.mode_window },
+            loss_s: if quick { 3.0 } else { args.loss_duration },
+            soak_s: if quick { 30.0 } else { args.soak },
+            find_max_step_s: if quick { 1.0 } else { 2.0 },
+        }
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(dir) = &args.render {
         let readme = readme::render_dir(dir)?;
@@ -416,34 +439,126 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     crate::privilege::Runner::detect().authorize("cargo xtask validate")?;
     crate::setup::ensure()?;
     let started = Instant::now();
-    let (duration, window, loss_s, soak) = if args.quick {
-        (5.0, 3.0, 3.0, 30.0)
-    } else {
-        (args.duration, args.window, args.loss_duration, args.soak)
-    };
-    let find_max_step = if args.quick { 1.0 } else { 2.0 };
+    let timing = Timing::of(&args);
     let out = crate::session_dir::prepare(args.out.as_deref(), "validation", args.overwrite)?;
     let work = tempfile::Builder::new()
         .prefix("xtask-validate-")
         .tempdir()?;
-
     // Before building: the commit and the uncommitted paths are those of the code measured.
     let machine = crate::machine::collect();
+    let (mut bench, mut pinning) = start(&args, work.path())?;
+
+    // 1. Max throughput, untraced.
+    let (max_untraced, max_source) = match args.max_rate {
+        Some(r) => (r, "--max-rate"),
+        None => {
+            eprintln!("xtask: [1/6] max throughput, untraced");
+            (
+                bench.find_max(timing.find_max_step_s)?,
+                "loadgen --find-max",
+            )
+        }
+    };
+    let rate = args.load * max_untraced;
+    eprintln!("xtask: max {max_untraced:.0} req/s → {rate:.0} req/s");
+    // An untraced warm-up at the rate, so the first window does not pay for cold caches.
+    bench.open_loop(rate, 3.0, &[])?;
+
+    let accuracy = accuracy_part(&mut bench, &args, &timing, rate, &out, &mut pinning)?;
+    let (windows, ab, modes) = probe_effect_part(&mut bench, &args, &timing, rate, &accuracy)?;
+    let max = max_part(&mut bench, &args, &timing)?;
+    let loss_runs = loss_part(&mut bench, &args, &timing, rate, max.traced)?;
+    let soak_json = soak_part(&mut bench, timing.soak_s, rate)?;
+
+    // The tracer shares the load CPU with loadgen and the upstream: its CPU is probe effect too.
+    let accuracy_cost = &accuracy.breakdown["cost"];
+    let tracer_cpu_cores = accuracy_cost["tracer"]["cpu_session_s"]
+        .as_f64()
+        .unwrap_or(f64::NAN)
+        / accuracy_cost["session_s"].as_f64().unwrap_or(f64::NAN);
+    let (duration, window, mode_window, loss_s, soak) = (
+        timing.accuracy_s,
+        timing.window_s,
+        timing.mode_window_s,
+        timing.loss_s,
+        timing.soak_s,
+    );
+    let (accuracy_load, accuracy_breakdown) = (&accuracy.load, &accuracy.breakdown);
+    let (searches, max_alongside, max_traced, max_floor) =
+        (&max.searches, max.alongside, max.traced, max.floor);
+    let validation = json!({
+        "command": command_line(&args),
+        "machine": machine,
+        "pinning": pinning,
+        "settings": {
+            "load": args.load, "quick": args.quick, "connections": CONNECTIONS,
+            "accuracy_s": duration, "window_s": window, "windows_per_arm": args.windows,
+            "mode_window_s": mode_window, "mode_windows_per_arm": args.mode_windows,
+            "loss_s": loss_s, "soak_s": soak, "workers": args.placement.workers,
+            "forced_ring_mib": args.forced_ring_mib, "forced_stall_s": args.forced_stall,
+        },
+        "max_rate": {"untraced": max_untraced, "untraced_source": max_source,
+                     "searches": searches.iter().map(|&(u, t)| json!({"untraced": u, "traced": t, "ratio": t / u})).collect::<Vec<_>>(),
+                     "untraced_alongside": max_alongside,
+                     "traced": max_traced,
+                     "ratio_traced_untraced": max_traced / max_alongside,
+                     "traced_tracepoints_only": max_floor,
+                     "ratio_tracepoints_only_untraced": max_floor.map(|m| m / max_alongside)},
+        "rate": rate,
+        "accuracy": {
+            "loadgen": {"ok": accuracy_load["ok"], "errors": accuracy_load["errors"],
+                        "achieved_rate": accuracy_load["achieved_rate"]},
+            "tracer": {"requests": accuracy_breakdown["requests"], "incomplete": accuracy_breakdown["incomplete"],
+                       "incomplete_reasons": accuracy_breakdown["incomplete_reasons"],
+                       "lost_events": accuracy_breakdown["lost_events"]},
+            "join": accuracy.join,
+        },
+        "crosscheck": accuracy.crosscheck,
+        "ab": {"windows": windows, "comparison": ab},
+        "modes": modes,
+        "calibration": accuracy_breakdown.get("calibration").cloned(),
+        "cost": {
+            "accuracy_run": accuracy_breakdown.get("cost").cloned(),
+            "max_traced_run": max.last_traced_breakdown.get("cost").cloned(),
+            "hits_per_request": accuracy_breakdown["hits_per_request"],
+            "tracer_cpu_cores": tracer_cpu_cores,
+            "mode": accuracy_breakdown["attach_modes"]["mode"],
+            "drops": accuracy_breakdown.get("drops").cloned(),
+        },
+        "loss": loss_runs,
+        "soak": soak_json,
+        "wall_time_s": started.elapsed().as_secs_f64(),
+    });
+    let path = out.join(VALIDATION_JSON);
+    fs::write(&path, serde_json::to_string_pretty(&validation)? + "\n")?;
+    // Written first, so a figure that does not fit its type loses nothing.
+    let readme = readme::render_dir(&out)?;
+    eprintln!(
+        "xtask: validation written to {} in {:.0} s",
+        readme.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Builds everything, starts the mock upstream and the pinned gateway; the bench and the
+/// pinning as applied so far.
+fn start(args: &Args, work: &Path) -> anyhow::Result<(Bench, Vec<Value>)> {
     let bins = Binaries::build()?;
     let tracer = build_tracer()?;
     let load_cpus = Some(args.placement.load_cpus.as_str());
-    let mock = start_mock_upstream(&bins, load_cpus, 0, work.path())?;
-    let db = work.path().join("ledger.db");
+    let mock = start_mock_upstream(&bins, load_cpus, 0, work)?;
+    let db = work.join("ledger.db");
     let key = init_demo_db(&bins, &db, &mock.url)?;
     let gateway = start_gateway(
         &bins,
         Some(&args.placement.gateway_cpus),
         &db,
         args.placement.workers as usize,
-        work.path(),
+        work,
     )?;
     let gateway_pid = gateway.proc.pid();
-    let mut pinning = vec![
+    let pinning = vec![
         json!({"process": "gateway", "asked": args.placement.gateway_cpus, "applied": gateway.proc.cpus_allowed()?}),
         json!({"process": "mock-upstream", "asked": args.placement.load_cpus, "applied": mock.proc.cpus_allowed()?}),
         json!({"process": "loadgen", "asked": args.placement.load_cpus, "applied": format!("{} (taskset)", args.placement.load_cpus)}),
@@ -452,53 +567,76 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "xtask: gateway pid {gateway_pid} at {} (CPUs {})",
         gateway.url, args.placement.gateway_cpus
     );
-    let mut bench = Bench {
+    let bench = Bench {
         bins,
         tracer,
         gateway,
         _mock: mock,
         key,
-        work: work.path().to_owned(),
+        work: work.to_owned(),
         load_cpus: args.placement.load_cpus.clone(),
         gateway_cpu: flags::first_cpu(&args.placement.gateway_cpus),
         runs: 0,
     };
+    Ok((bench, pinning))
+}
 
-    // 1. Max throughput, untraced.
-    let (max_untraced, max_source) = match args.max_rate {
-        Some(r) => (r, "--max-rate"),
-        None => {
-            eprintln!("xtask: [1/6] max throughput, untraced");
-            (bench.find_max(find_max_step)?, "loadgen --find-max")
-        }
-    };
-    let rate = args.load * max_untraced;
-    eprintln!("xtask: max {max_untraced:.0} req/s → {rate:.0} req/s");
-    // An untraced warm-up at the rate, so the first window does not pay for cold caches.
-    bench.open_loop(rate, 3.0, &[])?;
+/// The accuracy run's figures.
+struct AccuracyPart {
+    /// loadgen's summary.
+    load: Value,
+    breakdown: Value,
+    join: accuracy::Accuracy,
+    crosscheck: crosscheck::Report,
+}
 
-    // 2. Accuracy (and the cross-check), traced.
+/// Part 2, accuracy (and the cross-check), traced; its breakdown.json is kept in `out`.
+fn accuracy_part(
+    bench: &mut Bench,
+    args: &Args,
+    timing: &Timing,
+    rate: f64,
+    out: &Path,
+    pinning: &mut Vec<Value>,
+) -> anyhow::Result<AccuracyPart> {
+    let duration = timing.accuracy_s;
     eprintln!("xtask: [2/6] accuracy, {duration} s traced at {rate:.0} req/s");
-    let raw = work.path().join("raw.events");
+    let work = bench.work.clone();
+    let raw = work.join("raw.events");
     let traced = bench.attach(
         "accuracy",
         &["--raw-events", &path_arg(&raw), "--bpf-stats"],
     )?;
     pinning.push(json!({"process": "tracer", "asked": args.placement.load_cpus, "applied": traced.tracer.cpus_allowed()?}));
-    let client_csv = work.path().join("accuracy-client.csv");
-    let accuracy_load =
-        bench.open_loop(rate, duration, &["--requests-out", &path_arg(&client_csv)]);
-    let (accuracy_breakdown, accuracy_dir) = traced.stop()?;
-    let accuracy_load = accuracy_load?;
-    let accuracy = bench.accuracy(&client_csv, &accuracy_dir)?;
-    let crosscheck = serde_json::to_value(cross_check(&raw, &accuracy_breakdown)?)?;
+    let client_csv = work.join("accuracy-client.csv");
+    let load = bench.open_loop(rate, duration, &["--requests-out", &path_arg(&client_csv)]);
+    let (breakdown, dir) = traced.stop()?;
+    let load = load?;
+    let join = bench.accuracy(&client_csv, &dir)?;
+    let crosscheck = cross_check(&raw, &breakdown)?;
     let _ = fs::remove_file(&raw);
     fs::copy(
-        accuracy_dir.join("breakdown.json"),
+        dir.join("breakdown.json"),
         out.join("accuracy-breakdown.json"),
     )?;
+    Ok(AccuracyPart {
+        load,
+        breakdown,
+        join,
+        crosscheck,
+    })
+}
 
-    // 3. Probe effect: flipping pairs of windows.
+/// Part 3, probe effect: flipping pairs of windows; then what each mode costs, in the same
+/// A/B, shorter, per option. The lean windows, their comparison, and the cost-by-mode rows.
+fn probe_effect_part(
+    bench: &mut Bench,
+    args: &Args,
+    timing: &Timing,
+    rate: f64,
+    accuracy: &AccuracyPart,
+) -> anyhow::Result<(Vec<Value>, session::analysis::ab::Comparison, Vec<Value>)> {
+    let window = timing.window_s;
     eprintln!(
         "xtask: [3/6] A/B, {} windows of {window} s per arm at {rate:.0} req/s",
         args.windows
@@ -507,11 +645,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // cross-check's read of the raw dump leave the machine busy for a moment.
     bench.open_loop(rate, window.min(5.0), &[])?;
     let windows = bench.ab_windows("ab", &[], rate, args.windows as usize, window)?;
-    let ab = serde_json::to_value(windows_ab::compare(&windows)?)?;
+    let comparison = windows_ab::compare(&windows)?;
 
-    // 3b. What each mode costs: the same A/B, shorter, per option.
-    let calibration = &accuracy_breakdown["calibration"];
-    let accuracy_bpf = bpf_ns_per_answered(&accuracy_breakdown, &accuracy_load);
+    let calibration = &accuracy.breakdown["calibration"];
+    let accuracy_bpf = bpf_ns_per_answered(&accuracy.breakdown, &accuracy.load);
     let mut modes = vec![mode_cost(
         "lean (default)",
         &[],
@@ -519,7 +656,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         calibration,
         accuracy_bpf,
     )];
-    let mode_window = if args.quick { 2.0 } else { args.mode_window };
+    let mode_window = timing.mode_window_s;
     let mode_runs = if args.mode_windows == 0 {
         &[][..]
     } else {
@@ -545,12 +682,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?;
         modes.push(mode_cost(name, flags, &mode_windows, calibration, bpf));
     }
+    Ok((windows, comparison, modes))
+}
 
-    // 4. Max throughput. The machine's level moves within minutes (one tracer read ×0.91 and
-    // ×0.45 twenty minutes apart against a single untraced search), so each traced search is
-    // paired with an untraced one just before it.
+/// The max-throughput searches.
+struct MaxPart {
+    /// (untraced, traced) of each round.
+    searches: Vec<(f64, f64)>,
+    /// Medians of the rounds.
+    alongside: f64,
+    traced: f64,
+    /// With the tracepoints alone; None when the modes were skipped.
+    floor: Option<f64>,
+    last_traced_breakdown: Value,
+}
+
+/// Part 4, max throughput. The machine's level moves within minutes (one tracer read ×0.91 and
+/// ×0.45 twenty minutes apart against a single untraced search), so each traced search is
+/// paired with an untraced one just before it.
+fn max_part(bench: &mut Bench, args: &Args, timing: &Timing) -> anyhow::Result<MaxPart> {
+    let find_max_step = timing.find_max_step_s;
     let mut searches = Vec::new();
-    let mut max_traced_breakdown = Value::Null;
+    let mut last_traced_breakdown = Value::Null;
     for round in 1..=MAX_SEARCH_ROUNDS {
         eprintln!(
             "xtask: [4/6] max throughput, round {round} of {MAX_SEARCH_ROUNDS}: untraced, then traced"
@@ -558,13 +711,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let untraced = bench.find_max(find_max_step)?;
         let traced = bench.attach(&format!("find-max-traced-{round}"), &[])?;
         let max = bench.find_max(find_max_step);
-        max_traced_breakdown = traced.stop()?.0;
+        last_traced_breakdown = traced.stop()?.0;
         searches.push((untraced, max?));
     }
-    let max_alongside = median(searches.iter().map(|s| s.0).collect());
-    let max_traced = median(searches.iter().map(|s| s.1).collect());
+    let alongside = median(searches.iter().map(|s| s.0).collect());
+    let traced = median(searches.iter().map(|s| s.1).collect());
     // The floor: the same search with the kernel events alone (no uprobes).
-    let max_floor = if args.mode_windows == 0 {
+    let floor = if args.mode_windows == 0 {
         None
     } else {
         eprintln!("xtask: [4/6] max throughput, {}", SKIP_SITES.0);
@@ -573,8 +726,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         traced.stop()?;
         Some(max?)
     };
+    Ok(MaxPart {
+        searches,
+        alongside,
+        traced,
+        floor,
+        last_traced_breakdown,
+    })
+}
 
-    // 5. Loss.
+/// Part 5, loss at the traced max, above it, and with a forced-small ring.
+fn loss_part(
+    bench: &mut Bench,
+    args: &Args,
+    timing: &Timing,
+    rate: f64,
+    max_traced: f64,
+) -> anyhow::Result<Vec<Value>> {
+    let loss_s = timing.loss_s;
+    let work = bench.work.clone();
     // At the traced max: a load the traced gateway really carries, so the rate achieved says
     // whether the tracer kept up, not whether the gateway did.
     eprintln!(
@@ -603,7 +773,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Value::Null
         };
         let traced = bench.attach(name, &extra)?;
-        let client_csv = work.path().join(format!("{name}-client.csv"));
+        let client_csv = work.join(format!("{name}-client.csv"));
         // The forced-loss run stops the tracer's reader for a while: the kernel keeps
         // writing into the small ring until it is full, then counts every failed reserve.
         let stall = (!extra.is_empty()).then(|| {
@@ -658,7 +828,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }));
     }
 
-    // 6. Soak.
+    Ok(loss_runs)
+}
+
+/// Part 6, a soak at the load's rate, sampling the tracer's RSS and CPU.
+fn soak_part(bench: &mut Bench, soak: f64, rate: f64) -> anyhow::Result<Value> {
     eprintln!("xtask: [6/6] soak, {soak} s traced at {rate:.0} req/s");
     let traced = bench.attach("soak", &[])?;
     let samples = Arc::new(Mutex::new(Vec::new()));
@@ -703,66 +877,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "lost_events": soak_breakdown["lost_events"],
         "cost": soak_breakdown.get("cost").cloned(),
     });
-
-    // The tracer shares the load CPU with loadgen and the upstream: its CPU is probe effect too.
-    let accuracy_cost = &accuracy_breakdown["cost"];
-    let tracer_cpu_cores = accuracy_cost["tracer"]["cpu_session_s"]
-        .as_f64()
-        .unwrap_or(f64::NAN)
-        / accuracy_cost["session_s"].as_f64().unwrap_or(f64::NAN);
-    let validation = json!({
-        "command": command_line(&args),
-        "machine": machine,
-        "pinning": pinning,
-        "settings": {
-            "load": args.load, "quick": args.quick, "connections": CONNECTIONS,
-            "accuracy_s": duration, "window_s": window, "windows_per_arm": args.windows,
-            "mode_window_s": mode_window, "mode_windows_per_arm": args.mode_windows,
-            "loss_s": loss_s, "soak_s": soak, "workers": args.placement.workers,
-            "forced_ring_mib": args.forced_ring_mib, "forced_stall_s": args.forced_stall,
-        },
-        "max_rate": {"untraced": max_untraced, "untraced_source": max_source,
-                     "searches": searches.iter().map(|&(u, t)| json!({"untraced": u, "traced": t, "ratio": t / u})).collect::<Vec<_>>(),
-                     "untraced_alongside": max_alongside,
-                     "traced": max_traced,
-                     "ratio_traced_untraced": max_traced / max_alongside,
-                     "traced_tracepoints_only": max_floor,
-                     "ratio_tracepoints_only_untraced": max_floor.map(|m| m / max_alongside)},
-        "rate": rate,
-        "accuracy": {
-            "loadgen": {"ok": accuracy_load["ok"], "errors": accuracy_load["errors"],
-                        "achieved_rate": accuracy_load["achieved_rate"]},
-            "tracer": {"requests": accuracy_breakdown["requests"], "incomplete": accuracy_breakdown["incomplete"],
-                       "incomplete_reasons": accuracy_breakdown["incomplete_reasons"],
-                       "lost_events": accuracy_breakdown["lost_events"]},
-            "join": accuracy,
-        },
-        "crosscheck": crosscheck,
-        "ab": {"windows": windows, "comparison": ab},
-        "modes": modes,
-        "calibration": accuracy_breakdown.get("calibration").cloned(),
-        "cost": {
-            "accuracy_run": accuracy_breakdown.get("cost").cloned(),
-            "max_traced_run": max_traced_breakdown.get("cost").cloned(),
-            "hits_per_request": accuracy_breakdown["hits_per_request"],
-            "tracer_cpu_cores": tracer_cpu_cores,
-            "mode": accuracy_breakdown["attach_modes"]["mode"],
-            "drops": accuracy_breakdown.get("drops").cloned(),
-        },
-        "loss": loss_runs,
-        "soak": soak_json,
-        "wall_time_s": started.elapsed().as_secs_f64(),
-    });
-    let path = out.join(VALIDATION_JSON);
-    fs::write(&path, serde_json::to_string_pretty(&validation)? + "\n")?;
-    // Written first, so a figure that does not fit its type loses nothing.
-    let readme = readme::render_dir(&out)?;
-    eprintln!(
-        "xtask: validation written to {} in {:.0} s",
-        readme.display(),
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
+    Ok(soak_json)
 }
 
 /// Complete requests of `dir/requests.csv` whose [t_arrive, t_done] overlaps a loss span of
@@ -862,6 +977,38 @@ mod tests {
                 flags::first_cpu("1,3")
             ),
             (0, 2, 1)
+        );
+    }
+
+    #[test]
+    fn quick_shortens_every_part() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let args = |extra: &[&str]| {
+            Cli::parse_from(
+                ["validate", "--duration", "40", "--soak", "600"]
+                    .iter()
+                    .chain(extra),
+            )
+            .args
+        };
+        let full = Timing::of(&args(&[]));
+        assert_eq!(
+            (full.accuracy_s, full.soak_s, full.find_max_step_s),
+            (40.0, 600.0, 2.0)
+        );
+        let quick = Timing::of(&args(&["--quick"]));
+        assert_eq!(
+            (quick.accuracy_s, quick.window_s, quick.mode_window_s),
+            (5.0, 3.0, 2.0)
+        );
+        assert_eq!(
+            (quick.loss_s, quick.soak_s, quick.find_max_step_s),
+            (3.0, 30.0, 1.0)
         );
     }
 
