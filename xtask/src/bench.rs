@@ -28,7 +28,9 @@ use session::targets::GATE_P99_ADDED_US;
 
 use crate::baseline;
 use crate::machine::{filesystem_of, load_average};
-use crate::procs::{Binaries, init_demo_db, run_loadgen, start_gateway, start_mock_upstream};
+use crate::procs::{
+    Binaries, MockUpstream, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
+};
 use crate::procstat;
 
 const DELAYS_MS: [u64; 2] = [0, 5];
@@ -112,39 +114,11 @@ fn read_side(path: &Path) -> anyhow::Result<Side> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(dir) = &args.render {
-        let json = dir.join("results.json");
-        let text = std::fs::read_to_string(&json)
-            .with_context(|| format!("reading {}", json.display()))?;
-        let mut results: Results =
-            serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))?;
-        // Older runs were judged without the rule: their results.json is rewritten too, so
-        // no row keeps a verdict on figures from a run that did not run as asked.
-        results.rows.iter_mut().for_each(Row::judge);
-        std::fs::write(&json, serde_json::to_string_pretty(&results)? + "\n")
-            .with_context(|| format!("writing {}", json.display()))?;
-        std::fs::write(dir.join("RESULTS.md"), results_md::render(&results))?;
-        eprintln!(
-            "bench: re-judged {}/results.json and rewrote RESULTS.md from it",
-            dir.display()
-        );
-        return Ok(());
+        return render_dir(dir);
     }
     ensure!(args.workers >= 1, "--workers must be at least 1");
     let started = Instant::now();
-    let timing = match (args.quick, args.duration) {
-        (true, duration) => Timing {
-            row: duration.unwrap_or(2.0),
-            warmup: 0.5,
-            step: 0.5,
-            step_warmup: 0.2,
-        },
-        (false, duration) => Timing {
-            row: duration.unwrap_or(20.0),
-            warmup: 2.0,
-            step: 2.0,
-            step_warmup: 0.5,
-        },
-    };
+    let timing = Timing::of(&args);
     ensure!(timing.row > 0.0, "--duration must be positive");
     let machine = crate::machine::collect();
     let out_dir = crate::session_dir::prepare(
@@ -178,13 +152,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
 
     let fdatasync_before = measure_fdatasync(work)?;
-    eprintln!(
-        "bench: raw fdatasync before: overwrite p50 {:.0} µs, p99 {:.0} µs; append p50 {:.0} µs, p99 {:.0} µs",
-        fdatasync_before.overwrite.p50_us,
-        fdatasync_before.overwrite.p99_us,
-        fdatasync_before.append.p50_us,
-        fdatasync_before.append.p99_us
-    );
+    log_fdatasync("before", &fdatasync_before);
 
     let mut rows = Vec::new();
     let mut max_rates = Vec::new();
@@ -198,60 +166,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let key = init_demo_db(&bins, &template.join(LEDGER_FILE), &mock.url)?;
 
         // Max rate, on the template ledger: this also pre-fills it for every row.
-        eprintln!("bench: delay {delay_ms} ms: searching the gateway's max rate");
-        let mut gateway = start_gateway(
-            &bins,
-            Some(&args.gateway_cpus),
-            &template.join(LEDGER_FILE),
-            args.workers,
-            &delay_dir,
-        )?;
-        if pinning.is_none() {
-            pinning = Some(Pinning {
-                gateway_cpus: gateway.proc.cpus.clone().unwrap_or_default(),
-                gateway_cpus_allowed: gateway.proc.cpus_allowed()?,
-                load_cpus: mock.proc.cpus.clone().unwrap_or_default(),
-                mock_upstream_cpus_allowed: mock.proc.cpus_allowed()?,
-                gateway_workers: args.workers,
-            });
-        }
-        let max_json = delay_dir.join("find-max.json");
-        let mut find_max = loadgen_args(&gateway.url, Some(&key), false);
-        find_max.extend(strings(&[
-            "--find-max",
-            "--duration",
-            &timing.step.to_string(),
-            "--warmup",
-            &timing.step_warmup.to_string(),
-            "--max-concurrency",
-            if args.quick { "64" } else { "256" },
-            "--out",
-        ]));
-        find_max.push(max_json.display().to_string());
-        run_loadgen(
-            &bins,
-            load_cpus,
-            &find_max,
-            Duration::from_secs(600),
-            &delay_dir,
-        )?;
-        gateway.proc.stop()?;
-        drop(gateway);
-        let max: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&max_json)?)?;
-        let max_rate = max["max_rate"]
-            .as_f64()
-            .context("find-max JSON has no max_rate")?;
-        let receipts_in_template = verify(&bins, &template.join(LEDGER_FILE))?;
-        eprintln!(
-            "bench: delay {delay_ms} ms: max {max_rate:.0} req/s at c{}; template ledger holds {receipts_in_template} receipts",
-            max["best_concurrency"]
-        );
-        max_rates.push(MaxRate {
-            delay_ms,
-            max_rate,
-            best_concurrency: max["best_concurrency"].as_u64().unwrap_or(0),
-            receipts_in_template,
-        });
+        let search = MaxSearch {
+            bins: &bins,
+            args: &args,
+            timing: &timing,
+            template: &template,
+            key: &key,
+            dir: &delay_dir,
+        };
+        let (max, pins) = search.run(delay_ms, &mock)?;
+        pinning.get_or_insert(pins);
+        let (max_rate, receipts_in_template) = (max.max_rate, max.receipts_in_template);
+        max_rates.push(max);
 
         let loads = CLOSED_CONCURRENCY
             .iter()
@@ -265,7 +191,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             let _ = std::io::stderr().flush();
             let row_dir = delay_dir.join(format!("row-{index}"));
-            let direct_json = row_dir.join("direct.json");
             let loadgen_timeout = Duration::from_secs_f64(timing.row + timing.warmup + 60.0);
             let this = GatewayRun {
                 bins: &bins,
@@ -275,79 +200,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 timing: &timing,
                 timeout: loadgen_timeout,
             };
-            let current = this.run(shape, &row_dir.join("gateway"))?;
-            let baseline_run = baseline_bins
-                .as_ref()
-                .map(|bins| GatewayRun { bins, ..this }.run(shape, &row_dir.join("baseline")))
-                .transpose()?;
-
-            let mut direct_run = loadgen_args(&mock.url, Some(&key), true);
-            direct_run.extend(shape.flags(&timing, &direct_json));
-            run_loadgen(&bins, load_cpus, &direct_run, loadgen_timeout, &row_dir)?;
-
-            let direct_side = read_side(&direct_json)?;
-            let baseline_row = baseline_run.map(|b| {
-                let b_added = Added::between(&b.side, &direct_side);
-                BaselineRow {
-                    gate: Gate::judge(&b.side, &b_added),
-                    added: Some(b_added),
-                    gateway: b.side,
-                    gateway_cpu_us_per_request: b.cpu_us_per_request,
-                    receipts_at_end: b.receipts_at_end,
-                    invalid_reason: None,
-                }
-            });
-            let this_added = Added::between(&current.side, &direct_side);
-            let gate = Gate::judge(&current.side, &this_added);
-            let mut row = Row {
-                mode: shape.mode().to_owned(),
-                load: shape.label(),
-                delay_ms,
-                concurrency: shape.concurrency(),
-                fraction_of_max: shape.fraction(),
-                target_rate: shape.rate(),
-                gateway: current.side,
-                direct: direct_side,
-                added: Some(this_added),
-                receipts_at_start: receipts_in_template,
-                receipts_at_end: current.receipts_at_end,
-                wal_bytes_after: current.wal_bytes_after,
-                gateway_cpu_us_per_request: current.cpu_us_per_request,
-                gate,
-                invalid_reason: None,
-                baseline: baseline_row,
+            let direct = DirectRun {
+                bins: &bins,
+                url: &mock.url,
+                key: &key,
+                load_cpus,
+                timing: &timing,
+                timeout: loadgen_timeout,
             };
-            row.judge();
-            let (g, d) = (&row.gateway, &row.direct);
-            match (&row.added, &row.invalid_reason) {
-                (Some(added), _) => eprintln!(
-                    "{:.0} req/s, p99 {:.0} µs (direct {:.0} µs), added p99 {:.0} µs, {} errors: {}",
-                    g.achieved_rate,
-                    g.p99_us,
-                    d.p99_us,
-                    added.p99_us,
-                    g.error_count(),
-                    row.gate
-                ),
-                (None, reason) => eprintln!(
-                    "{:.0} req/s (direct {:.0} req/s): INVALID, {}",
-                    g.achieved_rate,
-                    d.achieved_rate,
-                    reason.as_deref().unwrap_or_default()
-                ),
-            }
-            if let Some(b) = &row.baseline {
-                eprintln!(
-                    "bench:         baseline: {:.0} req/s, added p99 {} µs, {} µs CPU/request: {}",
-                    b.gateway.achieved_rate,
-                    b.added
-                        .as_ref()
-                        .map_or_else(|| "—".to_owned(), |a| format!("{:.0}", a.p99_us)),
-                    b.gateway_cpu_us_per_request
-                        .map_or_else(|| "—".to_owned(), |us| format!("{us:.1}")),
-                    b.gate
-                );
-            }
+            let sides = RowSides {
+                this,
+                baseline: baseline_bins.as_ref(),
+                direct,
+            };
+            let row = sides.measure(shape, delay_ms, receipts_in_template, &row_dir)?;
+            log_row(&row);
             rows.push(row);
             std::fs::remove_dir_all(&row_dir)?;
         }
@@ -355,13 +222,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let fdatasync_after = measure_fdatasync(work)?;
-    eprintln!(
-        "bench: raw fdatasync after: overwrite p50 {:.0} µs, p99 {:.0} µs; append p50 {:.0} µs, p99 {:.0} µs",
-        fdatasync_after.overwrite.p50_us,
-        fdatasync_after.overwrite.p99_us,
-        fdatasync_after.append.p50_us,
-        fdatasync_after.append.p99_us
-    );
+    log_fdatasync("after", &fdatasync_after);
     let results = Results {
         machine,
         pinning: pinning.context("no row ran")?,
@@ -393,6 +254,238 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out_dir.display()
     );
     Ok(())
+}
+
+/// The sides of one row: this gateway, the `--baseline` one if any, and the direct run.
+struct RowSides<'a> {
+    this: GatewayRun<'a>,
+    baseline: Option<&'a Binaries>,
+    direct: DirectRun<'a>,
+}
+
+/// loadgen straight to the mock upstream: what the load side alone costs.
+struct DirectRun<'a> {
+    bins: &'a Binaries,
+    url: &'a str,
+    key: &'a str,
+    load_cpus: Option<&'a str>,
+    timing: &'a Timing,
+    timeout: Duration,
+}
+
+impl RowSides<'_> {
+    /// Runs the row's sides in `row_dir` and judges it.
+    fn measure(
+        self,
+        shape: Shape,
+        delay_ms: u64,
+        receipts_in_template: u64,
+        row_dir: &Path,
+    ) -> anyhow::Result<Row> {
+        let this = self.this;
+        let current = this.run(shape, &row_dir.join("gateway"))?;
+        let baseline_run = self
+            .baseline
+            .map(|bins| GatewayRun { bins, ..this }.run(shape, &row_dir.join("baseline")))
+            .transpose()?;
+
+        let d = &self.direct;
+        let direct_json = row_dir.join("direct.json");
+        let mut direct_run = loadgen_args(d.url, Some(d.key), true);
+        direct_run.extend(shape.flags(d.timing, &direct_json));
+        run_loadgen(d.bins, d.load_cpus, &direct_run, d.timeout, row_dir)?;
+
+        let direct_side = read_side(&direct_json)?;
+        let baseline_row = baseline_run.map(|b| {
+            let b_added = Added::between(&b.side, &direct_side);
+            BaselineRow {
+                gate: Gate::judge(&b.side, &b_added),
+                added: Some(b_added),
+                gateway: b.side,
+                gateway_cpu_us_per_request: b.cpu_us_per_request,
+                receipts_at_end: b.receipts_at_end,
+                invalid_reason: None,
+            }
+        });
+        let this_added = Added::between(&current.side, &direct_side);
+        let gate = Gate::judge(&current.side, &this_added);
+        let mut row = Row {
+            mode: shape.mode().to_owned(),
+            load: shape.label(),
+            delay_ms,
+            concurrency: shape.concurrency(),
+            fraction_of_max: shape.fraction(),
+            target_rate: shape.rate(),
+            gateway: current.side,
+            direct: direct_side,
+            added: Some(this_added),
+            receipts_at_start: receipts_in_template,
+            receipts_at_end: current.receipts_at_end,
+            wal_bytes_after: current.wal_bytes_after,
+            gateway_cpu_us_per_request: current.cpu_us_per_request,
+            gate,
+            invalid_reason: None,
+            baseline: baseline_row,
+        };
+        row.judge();
+        Ok(row)
+    }
+}
+
+/// One line of progress per row (and one for its baseline side).
+fn log_row(row: &Row) {
+    let (g, d) = (&row.gateway, &row.direct);
+    match (&row.added, &row.invalid_reason) {
+        (Some(added), _) => eprintln!(
+            "{:.0} req/s, p99 {:.0} µs (direct {:.0} µs), added p99 {:.0} µs, {} errors: {}",
+            g.achieved_rate,
+            g.p99_us,
+            d.p99_us,
+            added.p99_us,
+            g.error_count(),
+            row.gate
+        ),
+        (None, reason) => eprintln!(
+            "{:.0} req/s (direct {:.0} req/s): INVALID, {}",
+            g.achieved_rate,
+            d.achieved_rate,
+            reason.as_deref().unwrap_or_default()
+        ),
+    }
+    if let Some(b) = &row.baseline {
+        eprintln!(
+            "bench:         baseline: {:.0} req/s, added p99 {} µs, {} µs CPU/request: {}",
+            b.gateway.achieved_rate,
+            b.added
+                .as_ref()
+                .map_or_else(|| "—".to_owned(), |a| format!("{:.0}", a.p99_us)),
+            b.gateway_cpu_us_per_request
+                .map_or_else(|| "—".to_owned(), |us| format!("{us:.1}")),
+            b.gate
+        );
+    }
+}
+
+fn log_fdatasync(when: &str, probe: &FsyncProbe) {
+    eprintln!(
+        "bench: raw fdatasync {when}: overwrite p50 {:.0} µs, p99 {:.0} µs; append p50 {:.0} µs, p99 {:.0} µs",
+        probe.overwrite.p50_us, probe.overwrite.p99_us, probe.append.p50_us, probe.append.p99_us
+    );
+}
+
+/// `--render DIR`: re-judge DIR/results.json's rows and rewrite it and RESULTS.md.
+fn render_dir(dir: &Path) -> anyhow::Result<()> {
+    let json = dir.join("results.json");
+    let mut results: Results = crate::workspace::read_json(&json)?;
+    // Older runs were judged without the rule: their results.json is rewritten too, so
+    // no row keeps a verdict on figures from a run that did not run as asked.
+    results.rows.iter_mut().for_each(Row::judge);
+    std::fs::write(&json, serde_json::to_string_pretty(&results)? + "\n")
+        .with_context(|| format!("writing {}", json.display()))?;
+    std::fs::write(dir.join("RESULTS.md"), results_md::render(&results))?;
+    eprintln!(
+        "bench: re-judged {}/results.json and rewrote RESULTS.md from it",
+        dir.display()
+    );
+    Ok(())
+}
+
+impl Timing {
+    fn of(args: &Args) -> Timing {
+        match (args.quick, args.duration) {
+            (true, duration) => Timing {
+                row: duration.unwrap_or(2.0),
+                warmup: 0.5,
+                step: 0.5,
+                step_warmup: 0.2,
+            },
+            (false, duration) => Timing {
+                row: duration.unwrap_or(20.0),
+                warmup: 2.0,
+                step: 2.0,
+                step_warmup: 0.5,
+            },
+        }
+    }
+}
+
+/// The max-rate search of one upstream delay, on its template ledger.
+struct MaxSearch<'a> {
+    bins: &'a Binaries,
+    args: &'a Args,
+    timing: &'a Timing,
+    template: &'a Path,
+    key: &'a str,
+    dir: &'a Path,
+}
+
+impl MaxSearch<'_> {
+    /// The search's max rate (which also pre-fills the template ledger for every row) and
+    /// the pinning as applied.
+    fn run(&self, delay_ms: u64, mock: &MockUpstream) -> anyhow::Result<(MaxRate, Pinning)> {
+        let (bins, args, timing, template, key, delay_dir) = (
+            self.bins,
+            self.args,
+            self.timing,
+            self.template,
+            self.key,
+            self.dir,
+        );
+        let load_cpus = Some(args.load_cpus.as_str());
+        eprintln!("bench: delay {delay_ms} ms: searching the gateway's max rate");
+        let mut gateway = start_gateway(
+            bins,
+            Some(&args.gateway_cpus),
+            &template.join(LEDGER_FILE),
+            args.workers,
+            delay_dir,
+        )?;
+        let pinning = Pinning {
+            gateway_cpus: gateway.proc.cpus.clone().unwrap_or_default(),
+            gateway_cpus_allowed: gateway.proc.cpus_allowed()?,
+            load_cpus: mock.proc.cpus.clone().unwrap_or_default(),
+            mock_upstream_cpus_allowed: mock.proc.cpus_allowed()?,
+            gateway_workers: args.workers,
+        };
+        let max_json = delay_dir.join("find-max.json");
+        let mut find_max = loadgen_args(&gateway.url, Some(key), false);
+        find_max.extend(strings(&[
+            "--find-max",
+            "--duration",
+            &timing.step.to_string(),
+            "--warmup",
+            &timing.step_warmup.to_string(),
+            "--max-concurrency",
+            if args.quick { "64" } else { "256" },
+            "--out",
+        ]));
+        find_max.push(max_json.display().to_string());
+        run_loadgen(
+            bins,
+            load_cpus,
+            &find_max,
+            Duration::from_secs(600),
+            delay_dir,
+        )?;
+        gateway.proc.stop()?;
+        drop(gateway);
+        let max: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&max_json)?)?;
+        let max_rate = max["max_rate"]
+            .as_f64()
+            .context("find-max JSON has no max_rate")?;
+        let receipts_in_template = verify(bins, &template.join(LEDGER_FILE))?;
+        eprintln!(
+            "bench: delay {delay_ms} ms: max {max_rate:.0} req/s at c{}; template ledger holds {receipts_in_template} receipts",
+            max["best_concurrency"]
+        );
+        let max = MaxRate {
+            delay_ms,
+            max_rate,
+            best_concurrency: max["best_concurrency"].as_u64().unwrap_or(0),
+            receipts_in_template,
+        };
+        Ok((max, pinning))
+    }
 }
 
 /// One gateway's run of a row: a fresh copy of the template ledger, the load, the gateway's
@@ -644,6 +737,23 @@ fn fdatasync_loop(dir: &Path, append: bool) -> anyhow::Result<FsyncStats> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quick_shortens_the_rows_and_a_duration_overrides_either() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let timing =
+            |extra: &[&str]| Timing::of(&Cli::parse_from(["bench"].iter().chain(extra)).args);
+        let full = timing(&[]);
+        assert_eq!((full.row, full.warmup, full.step), (20.0, 2.0, 2.0));
+        let quick = timing(&["--quick"]);
+        assert_eq!((quick.row, quick.warmup, quick.step), (2.0, 0.5, 0.5));
+        assert_eq!(timing(&["--quick", "--duration", "7"]).row, 7.0);
+    }
 
     #[test]
     fn a_baseline_that_names_no_commit_is_refused() {
