@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 use session::analysis::{accuracy, crosscheck};
@@ -881,34 +881,22 @@ fn soak_part(bench: &mut Bench, soak: f64, rate: f64) -> anyhow::Result<Value> {
 }
 
 /// Complete requests of `dir/requests.csv` whose [t_arrive, t_done] overlaps a loss span of
-/// breakdown.json's `loss_spans` (must be 0), or null when the tracer did not list its spans.
-fn complete_requests_crossing_loss(dir: &Path, breakdown: &Value) -> anyhow::Result<Value> {
-    let Some(spans) = breakdown.get("loss_spans").and_then(Value::as_array) else {
-        return Ok(Value::Null);
+/// breakdown.json's `loss_spans` (must be 0), or None when the tracer did not list its spans.
+fn complete_requests_crossing_loss(dir: &Path, breakdown: &Value) -> anyhow::Result<Option<u64>> {
+    let Some(spans) = breakdown.get("loss_spans") else {
+        return Ok(None);
     };
-    let spans: Vec<(u64, u64)> = spans
-        .iter()
-        .filter_map(|s| Some((s[0].as_u64()?, s[1].as_u64()?)))
-        .collect();
-    let text = fs::read_to_string(dir.join("requests.csv"))?;
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
-    let col = |name: &str| header.iter().position(|h| *h == name);
-    let (Some(a), Some(d)) = (col("t_arrive_ns"), col("t_done_ns")) else {
-        bail!("requests.csv has no t_arrive_ns/t_done_ns columns");
-    };
-    let mut crossing = 0u64;
-    for line in lines {
-        let f: Vec<&str> = line.split(',').collect();
-        let (Some(Ok(arrive)), Some(Ok(done))) = (
-            f.get(a).map(|v| v.parse::<u64>()),
-            f.get(d).map(|v| v.parse::<u64>()),
-        ) else {
-            continue;
-        };
-        crossing += u64::from(spans.iter().any(|&(from, to)| from <= done && to >= arrive));
-    }
-    Ok(json!(crossing))
+    let spans: Vec<(u64, u64)> =
+        serde_json::from_value(spans.clone()).context("breakdown.json's loss_spans")?;
+    let path = dir.join("requests.csv");
+    let file = fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let requests = accuracy::read_traced_csv(std::io::BufReader::new(file))?;
+    let crossing = requests.iter().filter(|r| {
+        spans
+            .iter()
+            .any(|&(from, to)| from <= r.t_done_ns && to >= r.t_arrive_ns)
+    });
+    Ok(Some(crossing.count() as u64))
 }
 
 /// Tracer CPU seconds per minute, from the soak's samples (first to last within each minute).
@@ -1032,8 +1020,11 @@ mod tests {
         )
         .unwrap();
         let none = complete_requests_crossing_loss(dir.path(), &json!({})).unwrap();
-        assert_eq!(none, Value::Null);
+        assert_eq!(none, None);
         let b = json!({"loss_spans": [[150, 160], [500, 600]]});
-        assert_eq!(complete_requests_crossing_loss(dir.path(), &b).unwrap(), 1);
+        assert_eq!(
+            complete_requests_crossing_loss(dir.path(), &b).unwrap(),
+            Some(1)
+        );
     }
 }
