@@ -505,7 +505,7 @@ impl ab::Arms for EffectArms<'_> {
 
 /// probe-effect.json: the windows, and the traced/untraced ratios computed from them.
 fn probe_effect(
-    windows: &[serde_json::Value],
+    windows: &[session::validation::WindowRecord],
     tracer_flags: &[String],
     args: &Args,
 ) -> anyhow::Result<serde_json::Value> {

@@ -25,10 +25,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use serde::Deserialize as _;
+use serde::Deserialize;
 use serde_json::{Value, json};
+use session::analysis::ab::Arm;
 use session::analysis::{accuracy, crosscheck};
-use session::validation::VALIDATION_JSON;
+use session::validation::{Calibration, Hits, Mode, TracedUntraced, VALIDATION_JSON, WindowRecord};
 
 use crate::ab::{self as windows_ab, Traced, latency, median};
 use crate::flags;
@@ -233,7 +234,7 @@ impl Bench {
         rate: f64,
         per_arm: usize,
         window: f64,
-    ) -> anyhow::Result<Vec<Value>> {
+    ) -> anyhow::Result<Vec<WindowRecord>> {
         let (pid, cpu) = (self.gateway.proc.pid(), self.gateway_cpu);
         let mut arms = AbArms {
             bench: self,
@@ -353,57 +354,65 @@ fn is_floor(flags: &[&str]) -> bool {
 fn mode_cost(
     name: &str,
     flags: &[&str],
-    windows: &[Value],
-    calibration: &Value,
+    windows: &[WindowRecord],
+    calibration: Option<&Calibration>,
     bpf_ns_per_request: f64,
-) -> Value {
-    let arm = |traced: bool, key: &str| -> Vec<&Value> {
-        windows
-            .iter()
-            .filter(|w| (w["arm"] == "traced") == traced)
-            .map(|w| &w[key])
-            .collect()
+) -> Mode {
+    let traced = || windows.iter().filter(|w| w.arm == Arm::Traced);
+    let untraced = || windows.iter().filter(|w| w.arm == Arm::Untraced);
+    let finite = |x: f64| Some(x).filter(|x| x.is_finite());
+    let med = |values: Vec<Option<f64>>| finite(median(values.into_iter().flatten().collect()));
+    let cpu_traced = med(traced().map(|w| w.gateway_cpu_us_per_request).collect());
+    let cpu_untraced = med(untraced().map(|w| w.gateway_cpu_us_per_request).collect());
+    let hits: Vec<Hits> = traced().filter_map(|w| w.tracer_hits_per_request).collect();
+    let per_request = |kind: fn(&Hits) -> Option<f64>| med(hits.iter().map(kind).collect());
+    let hits = Hits {
+        sites: per_request(|h| h.sites),
+        syscalls: per_request(|h| h.syscalls),
+        sock: per_request(|h| h.sock),
+        sched: per_request(|h| h.sched),
+        samples: per_request(|h| h.samples),
     };
-    let f = |values: Vec<&Value>| median(values.iter().filter_map(|v| v.as_f64()).collect());
-    let cpu = |traced| f(arm(traced, "gateway_cpu_us_per_request"));
-    let hits = arm(true, "tracer_hits_per_request");
-    let kinds = [
-        ("sites", "site"),
-        ("syscalls", "syscall"),
-        ("sock", "sock"),
-        ("sched", "sched"),
+    // Calibrated kinds by their per-hit name; an unmeasured kind (null) is left out of the
+    // sum, as the calibration's own is; no calibration at all measures nothing.
+    let calibrated = [
+        (hits.sites, "site"),
+        (hits.syscalls, "syscall"),
+        (hits.sock, "sock"),
+        (hits.sched, "sched"),
     ];
-    let mut hits_json = serde_json::Map::new();
-    let mut probe_ns = 0.0;
-    for (kind, cal) in kinds.iter().chain(&[("samples", "")]) {
-        let per_request = f(hits.iter().map(|h| &h[*kind]).collect());
-        // An unmeasured kind (null) is left out of the sum, as the calibration's own is.
-        if let Some(ns_per_hit) = calibration["ns_per_hit"][*cal].as_f64() {
-            probe_ns += per_request * ns_per_hit;
-        } else if !cal.is_empty() && !calibration["ns_per_hit"].is_object() {
-            probe_ns = f64::NAN;
-        }
-        hits_json.insert((*kind).to_owned(), json!(per_request));
-    }
-    let (traced, untraced) = (cpu(true), cpu(false));
-    // A floor session rebuilds no request, so it has no hits to count.
-    let (hits_json, probe_ns) = if is_floor(flags) {
-        (Value::Null, Value::Null)
-    } else {
-        (Value::Object(hits_json), json!(probe_ns))
+    let probe_ns = match calibration {
+        None => f64::NAN,
+        Some(cal) => calibrated
+            .iter()
+            .filter_map(|(per_request, kind)| {
+                let ns_per_hit = cal.ns_per_hit.get(*kind).copied().flatten()?;
+                Some(f(*per_request) * ns_per_hit)
+            })
+            .sum(),
     };
-    json!({
-        "mode": name,
-        "flags": flags,
-        "windows_per_arm": windows.len() / 2,
-        "hits_per_request": hits_json,
-        "probe_ns_per_request": probe_ns,
-        "probe_ns_per_request_leaves_out": calibration["unmeasured"],
-        "bpf_ns_per_request": bpf_ns_per_request,
-        "gateway_cpu_us_per_request": {"untraced": untraced, "traced": traced},
-        "cpu_ratio": traced / untraced,
-        "tracer_cpu_cores": f(arm(true, "tracer_cpu_cores")),
-    })
+    // A floor session rebuilds no request, so it has no hits to count.
+    let floor = is_floor(flags);
+    Mode {
+        mode: name.to_owned(),
+        flags: flags.iter().map(|f| (*f).to_owned()).collect(),
+        windows_per_arm: windows.len() as u64 / 2,
+        hits_per_request: (!floor).then_some(hits),
+        probe_ns_per_request: if floor { None } else { finite(probe_ns) },
+        probe_ns_per_request_leaves_out: calibration.and_then(|c| c.unmeasured.clone()),
+        bpf_ns_per_request: finite(bpf_ns_per_request),
+        gateway_cpu_us_per_request: TracedUntraced {
+            untraced: cpu_untraced,
+            traced: cpu_traced,
+        },
+        cpu_ratio: finite(f(cpu_traced) / f(cpu_untraced)),
+        tracer_cpu_cores: med(traced().map(|w| w.tracer_cpu_cores).collect()),
+    }
+}
+
+/// A figure for arithmetic: NaN when missing.
+fn f(x: Option<f64>) -> f64 {
+    x.unwrap_or(f64::NAN)
 }
 
 /// The lengths of each part, `--quick` applied.
@@ -635,7 +644,11 @@ fn probe_effect_part(
     timing: &Timing,
     rate: f64,
     accuracy: &AccuracyPart,
-) -> anyhow::Result<(Vec<Value>, session::analysis::ab::Comparison, Vec<Value>)> {
+) -> anyhow::Result<(
+    Vec<WindowRecord>,
+    session::analysis::ab::Comparison,
+    Vec<Mode>,
+)> {
     let window = timing.window_s;
     eprintln!(
         "xtask: [3/6] A/B, {} windows of {window} s per arm at {rate:.0} req/s",
@@ -647,7 +660,11 @@ fn probe_effect_part(
     let windows = bench.ab_windows("ab", &[], rate, args.windows as usize, window)?;
     let comparison = windows_ab::compare(&windows)?;
 
-    let calibration = &accuracy.breakdown["calibration"];
+    // Unreadable: no calibrated probe time, as without one (the README's own read of it
+    // names the key that does not fit).
+    let calibration: Option<Calibration> =
+        Deserialize::deserialize(&accuracy.breakdown["calibration"]).ok();
+    let calibration = calibration.as_ref();
     let accuracy_bpf = bpf_ns_per_answered(&accuracy.breakdown, &accuracy.load);
     let mut modes = vec![mode_cost(
         "lean (default)",
@@ -997,6 +1014,76 @@ mod tests {
         assert_eq!(
             (quick.loss_s, quick.soak_s, quick.find_max_step_s),
             (3.0, 30.0, 1.0)
+        );
+    }
+
+    fn window(index: u64, cpu: f64, hits: Option<Hits>) -> WindowRecord {
+        WindowRecord {
+            index,
+            arm: session::analysis::ab::arm_of(index as usize),
+            p50_us: Some(100.0),
+            p99_us: Some(200.0),
+            p999_us: Some(300.0),
+            max_us: None,
+            ok: 1000,
+            errors: Default::default(),
+            achieved_rate: None,
+            gateway_cpu_s: None,
+            gateway_cpu_us_per_request: Some(cpu),
+            gateway_cpu_share: None,
+            cpu0_busy: Some(0.5),
+            tracer_cpu_cores: Some(0.05),
+            tracer_bpf_ns_per_request: None,
+            tracer_lost_events: None,
+            tracer_requests: None,
+            tracer_hits_per_request: hits,
+        }
+    }
+
+    #[test]
+    fn a_mode_costs_its_medians_and_its_calibrated_hits() {
+        let hits = Hits {
+            sites: Some(10.0),
+            syscalls: Some(4.0),
+            sock: Some(2.0),
+            sched: Some(6.0),
+            samples: Some(0.0),
+        };
+        // U T T U: untraced 100 and 102, traced 110 and 112.
+        let windows = [
+            window(0, 100.0, None),
+            window(1, 110.0, Some(hits)),
+            window(2, 112.0, Some(hits)),
+            window(3, 102.0, None),
+        ];
+        let path = crate::workspace::root().join("profiles/validation-2026-12-02-verdict");
+        let recorded: session::validation::Validation =
+            crate::workspace::read_json(&path.join(VALIDATION_JSON)).unwrap();
+        let mut cal = recorded.calibration.unwrap();
+        cal.ns_per_hit = [("site", 100.0), ("syscall", 50.0), ("sock", 10.0)]
+            .into_iter()
+            .map(|(k, ns)| (k.to_owned(), Some(ns)))
+            .chain([("sched".to_owned(), None)])
+            .collect();
+        let m = mode_cost("lean (default)", &[], &windows, Some(&cal), 5000.0);
+        assert_eq!(m.windows_per_arm, 2);
+        assert_eq!(m.gateway_cpu_us_per_request.untraced, Some(101.0));
+        assert_eq!(m.gateway_cpu_us_per_request.traced, Some(111.0));
+        assert_eq!(m.cpu_ratio, Some(111.0 / 101.0));
+        // sched is unmeasured: left out of the sum, not a NaN.
+        assert_eq!(
+            m.probe_ns_per_request,
+            Some(10.0 * 100.0 + 4.0 * 50.0 + 2.0 * 10.0)
+        );
+        assert_eq!(m.hits_per_request, Some(hits));
+        assert_eq!(
+            mode_cost("x", &[], &windows, None, 0.0).probe_ns_per_request,
+            None
+        );
+        let floor = mode_cost(SKIP_SITES.0, SKIP_SITES.1, &windows, Some(&cal), 1.0);
+        assert_eq!(
+            (floor.hits_per_request, floor.probe_ns_per_request),
+            (None, None)
         );
     }
 
