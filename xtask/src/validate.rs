@@ -29,7 +29,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use session::analysis::ab::Arm;
 use session::analysis::{accuracy, crosscheck};
-use session::validation::{Calibration, Hits, Mode, TracedUntraced, VALIDATION_JSON, WindowRecord};
+use session::validation::{
+    Calibration, Hits, MaxRate, Minute, Mode, Pin, Search, Settings, SoakSample, TracedUntraced,
+    VALIDATION_JSON, WindowRecord,
+};
 
 use crate::ab::{self as windows_ab, Traced, latency, median};
 use crate::flags;
@@ -499,20 +502,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "command": command_line(&args),
         "machine": machine,
         "pinning": pinning,
-        "settings": {
-            "load": args.load, "quick": args.quick, "connections": CONNECTIONS,
-            "accuracy_s": duration, "window_s": window, "windows_per_arm": args.windows,
-            "mode_window_s": mode_window, "mode_windows_per_arm": args.mode_windows,
-            "loss_s": loss_s, "soak_s": soak, "workers": args.placement.workers,
-            "forced_ring_mib": args.forced_ring_mib, "forced_stall_s": args.forced_stall,
+        "settings": Settings {
+            load: args.load,
+            quick: args.quick,
+            connections: CONNECTIONS,
+            accuracy_s: duration,
+            window_s: window,
+            windows_per_arm: args.windows,
+            mode_window_s: Some(mode_window),
+            mode_windows_per_arm: Some(args.mode_windows),
+            loss_s,
+            soak_s: soak,
+            workers: args.placement.workers,
+            forced_ring_mib: args.forced_ring_mib,
+            forced_stall_s: args.forced_stall,
         },
-        "max_rate": {"untraced": max_untraced, "untraced_source": max_source,
-                     "searches": searches.iter().map(|&(u, t)| json!({"untraced": u, "traced": t, "ratio": t / u})).collect::<Vec<_>>(),
-                     "untraced_alongside": max_alongside,
-                     "traced": max_traced,
-                     "ratio_traced_untraced": max_traced / max_alongside,
-                     "traced_tracepoints_only": max_floor,
-                     "ratio_tracepoints_only_untraced": max_floor.map(|m| m / max_alongside)},
+        "max_rate": MaxRate {
+            untraced: max_untraced,
+            untraced_source: max_source.to_owned(),
+            searches: Some(searches.iter().map(|&(untraced, traced)| Search { untraced, traced, ratio: Some(traced / untraced) }).collect()),
+            untraced_alongside: Some(max_alongside),
+            traced: max_traced,
+            ratio_traced_untraced: Some(max_traced / max_alongside),
+            traced_tracepoints_only: max_floor,
+            ratio_tracepoints_only_untraced: max_floor.map(|m| m / max_alongside),
+        },
         "rate": rate,
         "accuracy": {
             "loadgen": {"ok": accuracy_load["ok"], "errors": accuracy_load["errors"],
@@ -552,7 +566,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// Builds everything, starts the mock upstream and the pinned gateway; the bench and the
 /// pinning as applied so far.
-fn start(args: &Args, work: &Path) -> anyhow::Result<(Bench, Vec<Value>)> {
+fn start(args: &Args, work: &Path) -> anyhow::Result<(Bench, Vec<Pin>)> {
     let bins = Binaries::build()?;
     let tracer = build_tracer()?;
     let load_cpus = Some(args.placement.load_cpus.as_str());
@@ -567,10 +581,11 @@ fn start(args: &Args, work: &Path) -> anyhow::Result<(Bench, Vec<Value>)> {
         work,
     )?;
     let gateway_pid = gateway.proc.pid();
+    let (gateway_cpus, load_cpus) = (&args.placement.gateway_cpus, &args.placement.load_cpus);
     let pinning = vec![
-        json!({"process": "gateway", "asked": args.placement.gateway_cpus, "applied": gateway.proc.cpus_allowed()?}),
-        json!({"process": "mock-upstream", "asked": args.placement.load_cpus, "applied": mock.proc.cpus_allowed()?}),
-        json!({"process": "loadgen", "asked": args.placement.load_cpus, "applied": format!("{} (taskset)", args.placement.load_cpus)}),
+        pin("gateway", gateway_cpus, gateway.proc.cpus_allowed()?),
+        pin("mock-upstream", load_cpus, mock.proc.cpus_allowed()?),
+        pin("loadgen", load_cpus, format!("{load_cpus} (taskset)")),
     ];
     eprintln!(
         "xtask: gateway pid {gateway_pid} at {} (CPUs {})",
@@ -590,6 +605,14 @@ fn start(args: &Args, work: &Path) -> anyhow::Result<(Bench, Vec<Value>)> {
     Ok((bench, pinning))
 }
 
+fn pin(process: &str, asked: &str, applied: String) -> Pin {
+    Pin {
+        process: process.to_owned(),
+        asked: asked.to_owned(),
+        applied,
+    }
+}
+
 /// The accuracy run's figures.
 struct AccuracyPart {
     /// loadgen's summary.
@@ -606,7 +629,7 @@ fn accuracy_part(
     timing: &Timing,
     rate: f64,
     out: &Path,
-    pinning: &mut Vec<Value>,
+    pinning: &mut Vec<Pin>,
 ) -> anyhow::Result<AccuracyPart> {
     let duration = timing.accuracy_s;
     eprintln!("xtask: [2/6] accuracy, {duration} s traced at {rate:.0} req/s");
@@ -616,7 +639,8 @@ fn accuracy_part(
         "accuracy",
         &["--raw-events", &path_arg(&raw), "--bpf-stats"],
     )?;
-    pinning.push(json!({"process": "tracer", "asked": args.placement.load_cpus, "applied": traced.tracer.cpus_allowed()?}));
+    let applied = traced.tracer.cpus_allowed()?;
+    pinning.push(pin("tracer", &args.placement.load_cpus, applied));
     let client_csv = work.join("accuracy-client.csv");
     let load = bench.open_loop(rate, duration, &["--requests-out", &path_arg(&client_csv)]);
     let (breakdown, dir) = traced.stop()?;
@@ -861,12 +885,12 @@ fn soak_part(bench: &mut Bench, soak: f64, rate: f64) -> anyhow::Result<Value> {
             let mut next = Duration::ZERO;
             while sampling.load(Ordering::SeqCst) {
                 if t0.elapsed() >= next {
-                    samples.lock().expect("sampler lock").push(json!({
-                        "t_s": t0.elapsed().as_secs_f64(),
-                        "cpu_s": procstat::cpu_seconds(pid),
-                        "rss_kib": procstat::status_kib(pid, "VmRSS"),
-                        "hwm_kib": procstat::status_kib(pid, "VmHWM"),
-                    }));
+                    samples.lock().expect("sampler lock").push(SoakSample {
+                        t_s: t0.elapsed().as_secs_f64(),
+                        cpu_s: procstat::cpu_seconds(pid),
+                        rss_kib: procstat::status_kib(pid, "VmRSS"),
+                        hwm_kib: procstat::status_kib(pid, "VmHWM"),
+                    });
                     next += SOAK_SAMPLE;
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -917,10 +941,10 @@ fn complete_requests_crossing_loss(dir: &Path, breakdown: &Value) -> anyhow::Res
 }
 
 /// Tracer CPU seconds per minute, from the soak's samples (first to last within each minute).
-fn cpu_per_minute(samples: &[Value]) -> Vec<Value> {
+fn cpu_per_minute(samples: &[SoakSample]) -> Vec<Minute> {
     let points: Vec<(f64, f64)> = samples
         .iter()
-        .filter_map(|s| Some((s["t_s"].as_f64()?, s["cpu_s"].as_f64()?)))
+        .filter_map(|s| Some((s.t_s, s.cpu_s?)))
         .collect();
     let mut out = Vec::new();
     let mut minute = 0;
@@ -934,12 +958,12 @@ fn cpu_per_minute(samples: &[Value]) -> Vec<Value> {
             break;
         };
         if last.0 - first.0 > 1.0 {
-            out.push(json!({
-                "minute": minute,
-                "cpu_s": last.1 - first.1,
-                "span_s": last.0 - first.0,
-                "cpu_share": (last.1 - first.1) / (last.0 - first.0),
-            }));
+            out.push(Minute {
+                minute,
+                cpu_s: last.1 - first.1,
+                span_s: last.0 - first.0,
+                cpu_share: (last.1 - first.1) / (last.0 - first.0),
+            });
         }
         minute += 1;
     }
@@ -1089,13 +1113,18 @@ mod tests {
 
     #[test]
     fn cpu_per_minute_from_samples() {
-        let samples: Vec<Value> = (0..=12)
-            .map(|i| json!({"t_s": i as f64 * 10.0, "cpu_s": i as f64 * 0.5}))
+        let samples: Vec<SoakSample> = (0..=12)
+            .map(|i| SoakSample {
+                t_s: i as f64 * 10.0,
+                cpu_s: Some(i as f64 * 0.5),
+                rss_kib: None,
+                hwm_kib: None,
+            })
             .collect();
         let minutes = cpu_per_minute(&samples);
         assert_eq!(minutes.len(), 2);
-        assert_eq!(minutes[0]["cpu_s"], 3.0);
-        assert_eq!(minutes[1]["cpu_share"], 0.05);
+        assert_eq!(minutes[0].cpu_s, 3.0);
+        assert_eq!(minutes[1].cpu_share, 0.05);
     }
 
     #[test]
