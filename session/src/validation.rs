@@ -305,8 +305,17 @@ pub struct Cost {
     pub tracer_cpu_cores: Option<f64>,
     /// The attach mode (breakdown.json `attach_modes.mode`).
     pub mode: Option<String>,
-    /// breakdown.json `drops`: kernel-side drops by counter; null where unreadable.
-    pub drops: Option<BTreeMap<String, Option<u64>>>,
+    /// breakdown.json `drops`: kernel-side drops by counter.
+    pub drops: Option<BTreeMap<String, DropCount>>,
+}
+
+/// One kernel-side drop counter: a count (null where it could not be read), or counts by
+/// BPF program.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DropCount {
+    Count(Option<u64>),
+    ByProgram(BTreeMap<String, u64>),
 }
 
 /// One loss run: at the traced max, above it, or with a forced-small ring.
@@ -405,6 +414,44 @@ mod tests {
                 panic!("{}: {err}", path.display());
             }
         }
+    }
+
+    /// The sections validation.json copies from a tracer session's breakdown.json, as every
+    /// committed session's breakdown writes them: the next run's copy parses too.
+    #[derive(Deserialize)]
+    #[expect(dead_code, reason = "parsed to check the types, not read")]
+    struct Copied {
+        calibration: Option<Calibration>,
+        cost: Option<SessionCost>,
+        drops: Option<BTreeMap<String, DropCount>>,
+        hits_per_request: Hits,
+    }
+
+    #[test]
+    fn every_committed_breakdown_fits_the_sections_validation_copies() {
+        let profiles = concat!(env!("CARGO_MANIFEST_DIR"), "/../profiles");
+        let mut read = 0;
+        for dir in std::fs::read_dir(profiles).unwrap() {
+            let dir = dir.unwrap().path();
+            for name in ["breakdown.json", "accuracy-breakdown.json"] {
+                let Ok(text) = std::fs::read_to_string(dir.join(name)) else {
+                    continue;
+                };
+                if let Err(err) = serde_json::from_str::<Copied>(&text) {
+                    panic!("{}/{name}: {err}", dir.display());
+                }
+                read += 1;
+            }
+        }
+        assert!(read > 0, "no committed breakdown.json");
+    }
+
+    #[test]
+    fn drops_print_as_breakdown_json_wrote_them() {
+        let text = r#"{"kretprobe_missed_by_program":{},"recursion_misses":null,"recursion_misses_by_program":{"sched_wakeup":857},"stack_failed":638}"#;
+        let drops: BTreeMap<String, DropCount> = serde_json::from_str(text).unwrap();
+        assert_eq!(drops["recursion_misses"], DropCount::Count(None));
+        assert_eq!(serde_json::to_string(&drops).unwrap(), text);
     }
 
     #[test]
