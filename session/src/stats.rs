@@ -3,7 +3,8 @@
 //! [`Hist`] is one streaming distribution of ns values: an HDR histogram (3 significant digits,
 //! so within 0.1%) with the exact sum and maximum, for means and maxima. Memory is fixed
 //! whatever the session length. Percentiles are capped at the exact max.
-//! [`nearest_rank`] is the exact percentile of a sorted slice, for the figures of recorded runs.
+//! [`nearest_rank`] is the exact percentile of a sorted slice, for the figures of recorded runs,
+//! and [`median`] the median of a few measured figures (windows, rounds).
 
 use hdrhistogram::Histogram;
 

@@ -83,6 +83,15 @@ pub const CPU_PER_REQUEST_RATIO: Bound = Bound::AtMost(1.05);
 /// validate: traced/untraced max throughput.
 pub const MAX_RATE_RATIO: Bound = Bound::AtLeast(0.90);
 
+/// The tracer process's own CPU over a session, in cores.
+pub const TRACER_CPU_CORES: Bound = Bound::AtMost(0.10);
+
+/// The tracer's peak RSS over the soak, MiB (the READMEs say "< 256 MiB").
+pub const TRACER_PEAK_RSS_MIB: Bound = Bound::AtMost(256.0);
+
+/// validate: requests whose client latency is below the tracer's total (must be none).
+pub const NEGATIVE_GAPS: Bound = Bound::AtMost(0.0);
+
 #[cfg(test)]
 mod tests {
     use super::*;

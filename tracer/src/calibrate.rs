@@ -64,6 +64,7 @@ use rustix::{
     net::{self, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType},
     thread::{self, CpuSet},
 };
+use session::stats::median;
 use tracer_ebpf::abi::{Config, LOSS_SLOT, Loss, kind};
 
 use crate::{
@@ -170,11 +171,11 @@ impl KindCost {
             .collect();
         let median_cost = median(&costs);
         Ok(KindCost {
-            ns_per_hit: (median_cost > 0.0 && median_cost.is_finite()).then_some(median_cost),
+            ns_per_hit: median_cost.filter(|ns| *ns > 0.0),
             min_ns: costs.iter().copied().fold(f64::INFINITY, f64::min),
             max_ns: costs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            untraced_ns_per_unit: median(&untraced),
-            hits_per_unit: median(&per_unit),
+            untraced_ns_per_unit: median(&untraced).unwrap_or(0.0),
+            hits_per_unit: median(&per_unit).unwrap_or(0.0),
             rounds,
         })
     }
@@ -230,18 +231,6 @@ fn timed_chunks(
         elapsed_ns: robust_elapsed_ns(&chunk_ns, chunks),
         units: chunks * chunk,
     })
-}
-
-/// The middle value (mean of the two middle ones for an even count); 0 for none.
-pub fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => sorted[n / 2],
-        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -854,13 +843,6 @@ mod tests {
         let chunks = [100, 5_000_000, 102, 98, 101, 4_000_000, 99, 3_000_000];
         assert_eq!(robust_elapsed_ns(&chunks, 8), 800);
         assert_eq!(robust_elapsed_ns(&[], 5), 0);
-    }
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(&[]), 0.0);
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub struct RecordArgs {
     /// doubles (measured at 25% load).
     #[arg(long)]
     pub wait_for: bool,
-    /// Also write every event read, 40 bytes each, to this file (for `crosscheck`).
+    /// Also write every event read, 40 bytes each, to this file (for validate's cross-check).
     #[arg(long)]
     pub raw_events: Option<PathBuf>,
     /// How to hook syscalls and sockets: `auto` takes fentry, else kprobes, else tracepoints;

@@ -13,6 +13,7 @@ macro_rules! say {
 
 pub mod aggregate;
 pub mod attach;
+pub mod audit;
 pub mod calibrate;
 pub mod cli;
 pub mod events;
@@ -22,4 +23,3 @@ pub mod record;
 pub mod report;
 pub mod requests;
 pub mod symbolize;
-pub mod validate;

@@ -18,13 +18,13 @@ use tracer_ebpf::abi::{Event, kind};
 
 use crate::{
     attach::{Options, Session, detect::Plan, preflight, target::Target, tracefs},
+    audit::hooks::Hooks,
     cli::RecordArgs,
     events::{DEFAULT_WINDOW_NS, EventSink, EventStream, monotonic_ns},
     flame::Pictures,
     out_dir::OutDir,
     report::{SessionEnd, SessionMeta, SessionWriter},
     requests::{Outcome, Rebuilder},
-    validate::hooks::Hooks,
 };
 
 /// Exit status of a second Ctrl-C: killed by SIGINT, as a shell reports it.
@@ -330,7 +330,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         stream.counters.malformed,
     );
     say!("tracer: events {}", sink.tally.summary());
-    let (user_s, system_s) = crate::validate::cost::own_cpu_seconds();
+    let (user_s, system_s) = crate::audit::cost::own_cpu_seconds();
     say!("tracer: own cpu {user_s:.2}s user + {system_s:.2}s system");
     let kernel_drops = crate::events::drops::read(&drops)?;
     let unclaimed = sink.rebuilder.established_unclaimed();

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use session::analysis::accuracy::{self, Accuracy};
 use testproc::{Proc, Signal, Spawn};
-use tracer::validate::accuracy::{self, Accuracy};
 
 struct Bins {
     gateway: PathBuf,
@@ -106,11 +106,8 @@ fn loadgen(bins: &Bins, url: &str, key: &str, rate: u32, secs: u32, csv: &Path) 
 }
 
 fn join(client_csv: &Path, out: &Path) -> Accuracy {
-    let open = |p: PathBuf| BufReader::new(fs::File::open(p).unwrap());
-    let client = accuracy::read_client_csv(open(client_csv.to_owned())).unwrap();
-    let traced = accuracy::read_traced_csv(open(out.join("requests.csv"))).unwrap();
-    let incomplete = accuracy::read_incomplete_csv(open(out.join("incomplete.csv"))).unwrap();
-    accuracy::join(&client, &traced, &incomplete)
+    let (requests, incomplete) = (out.join("requests.csv"), out.join("incomplete.csv"));
+    accuracy::join_files(client_csv, &requests, &incomplete).unwrap()
 }
 
 /// Complete requests overlapping one of breakdown.json's loss spans.
@@ -178,12 +175,11 @@ fn client_and_tracer_agree_and_loss_is_never_attributed() {
     let acc = join(&csv, &out);
     assert!(acc.matched >= 500, "{acc:?}");
     assert_eq!(
-        acc.untraced_ok(),
-        0,
+        acc.untraced_ok, 0,
         "200s not traced: {:?}",
         acc.untraced_ok_ids
     );
-    assert_eq!(acc.gap.negative, 0, "negative gaps: {:?}", acc.negative_ids);
+    assert_eq!(acc.negative, 0, "negative gaps: {:?}", acc.negative_ids);
     assert_eq!((acc.arrive_before_sent, acc.done_after_received), (0, 0));
     assert_eq!((acc.tracer_only, acc.status_mismatch), (0, 0));
     assert_eq!(breakdown["lost_events"], 0);
@@ -218,7 +214,7 @@ fn client_and_tracer_agree_and_loss_is_never_attributed() {
     );
     let acc = join(&csv, &out);
     assert!(acc.matched > 0, "{acc:?}");
-    assert_eq!(acc.gap.negative, 0, "negative gaps: {:?}", acc.negative_ids);
+    assert_eq!(acc.negative, 0, "negative gaps: {:?}", acc.negative_ids);
     assert_eq!((acc.arrive_before_sent, acc.done_after_received), (0, 0));
     assert_eq!((acc.tracer_only, acc.status_mismatch), (0, 0));
 

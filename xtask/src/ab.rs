@@ -1,13 +1,16 @@
 //! Probe effect as an A/B: windows of one open loop at one rate, the tracer attached only in
 //! the traced ones, in flipping pairs (U T T U U T …) so a linear drift of the machine falls
 //! on both arms alike. `validate` and `profile` both measure this way; the ratios are
-//! computed by `tracer-validate ab` from the windows written here.
+//! computed by `session::analysis::ab` from the windows written here.
 
 use std::fs;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use serde_json::{Value, json};
+use serde::Deserialize;
+use serde_json::Value;
+use session::analysis::ab;
+use session::validation::WindowRecord;
 
 use crate::procs::TracerProc;
 use crate::procstat;
@@ -39,7 +42,7 @@ pub trait Arms {
 
 /// Whether window `index` is traced in the flipping-pairs order U T T U U T T U ….
 pub fn is_traced(index: usize) -> bool {
-    index % 4 == 1 || index % 4 == 2
+    ab::arm_of(index) == ab::Arm::Traced
 }
 
 /// `per_arm` traced and `per_arm` untraced windows of `seconds` each. Each window's figures
@@ -51,7 +54,7 @@ pub fn windows(
     gateway_cpu: usize,
     per_arm: usize,
     seconds: f64,
-) -> anyhow::Result<Vec<Value>> {
+) -> anyhow::Result<Vec<WindowRecord>> {
     let mut windows = Vec::new();
     for i in 0..2 * per_arm {
         let traced = is_traced(i);
@@ -76,26 +79,34 @@ pub fn windows(
         let load = load?;
         let ok = load["ok"].as_f64().unwrap_or(0.0);
         let cpu_s = cpu_after.zip(cpu_before).map(|(a, b)| a - b);
-        let window = json!({
-            "index": i,
-            "arm": if traced { "traced" } else { "untraced" },
-            "p50_us": latency(&load, "p50"),
-            "p99_us": latency(&load, "p99"),
-            "p999_us": latency(&load, "p999"),
-            "max_us": latency(&load, "max"),
-            "ok": load["ok"],
-            "errors": load["errors"],
-            "achieved_rate": load["achieved_rate"],
-            "gateway_cpu_s": cpu_s,
-            "gateway_cpu_us_per_request": cpu_s.map(|s| s * 1e6 / ok.max(1.0)),
-            "gateway_cpu_share": cpu_s.map(|s| s / seconds),
-            "cpu0_busy": cpu0_before.zip(cpu0_after).map(|(b, a)| b.busy_share_until(&a)),
+        let finite = |x: f64| Some(x).filter(|x| x.is_finite());
+        let tracer = breakdown.as_ref().map(|(b, _)| b);
+        let window = WindowRecord {
+            index: i as u64,
+            arm: ab::arm_of(i),
+            p50_us: finite(latency(&load, "p50")),
+            p99_us: finite(latency(&load, "p99")),
+            p999_us: finite(latency(&load, "p999")),
+            max_us: finite(latency(&load, "max")),
+            ok: load["ok"].as_u64().unwrap_or(0),
+            errors: Deserialize::deserialize(&load["errors"]).unwrap_or_default(),
+            achieved_rate: load["achieved_rate"].as_f64(),
+            gateway_cpu_s: cpu_s,
+            gateway_cpu_us_per_request: cpu_s.map(|s| s * 1e6 / ok.max(1.0)),
+            gateway_cpu_share: cpu_s.map(|s| s / seconds),
+            cpu0_busy: cpu0_before
+                .zip(cpu0_after)
+                .map(|(b, a)| b.busy_share_until(&a)),
             // The tracer process over the load, attach and final drawing left out.
-            "tracer_cpu_cores": tracer_after.zip(tracer_before).map(|(a, b)| (a - b) / seconds),
-            "tracer_lost_events": breakdown.as_ref().map(|(b, _)| b["lost_events"].clone()),
-            "tracer_requests": breakdown.as_ref().map(|(b, _)| b["requests"].clone()),
-            "tracer_hits_per_request": breakdown.as_ref().map(|(b, _)| b["hits_per_request"].clone()),
-        });
+            tracer_cpu_cores: tracer_after
+                .zip(tracer_before)
+                .map(|(a, b)| (a - b) / seconds),
+            tracer_bpf_ns_per_request: None,
+            tracer_lost_events: tracer.and_then(|b| b["lost_events"].as_u64()),
+            tracer_requests: tracer.and_then(|b| b["requests"].as_u64()),
+            tracer_hits_per_request: tracer
+                .and_then(|b| Deserialize::deserialize(&b["hits_per_request"]).ok()),
+        };
         eprintln!(
             "xtask:   window {i} {}: p50 {:.0} µs p99 {:.0} µs, {:.1} µs CPU/request",
             if traced { "traced" } else { "untraced" },
@@ -108,15 +119,21 @@ pub fn windows(
     Ok(windows)
 }
 
+/// The traced/untraced comparison of windows written by [`windows`].
+pub fn compare(windows: &[WindowRecord]) -> anyhow::Result<ab::Comparison> {
+    let windows = windows
+        .iter()
+        .map(|w| {
+            w.compared()
+                .with_context(|| format!("A/B window {} is incomplete", w.index))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(ab::compare(&windows))
+}
+
 /// The median of the finite values; NaN if there is none.
-pub fn median(mut values: Vec<f64>) -> f64 {
-    values.retain(|v| v.is_finite());
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
+pub fn median(values: Vec<f64>) -> f64 {
+    session::stats::median(&values).unwrap_or(f64::NAN)
 }
 
 /// A latency percentile of loadgen's summary, µs (NaN if it has none).
@@ -134,5 +151,36 @@ mod tests {
             .map(|i| if is_traced(i) { 'T' } else { 'U' })
             .collect();
         assert_eq!(arms, "UTTUUTTU");
+    }
+
+    #[test]
+    fn windows_are_compared_and_an_incomplete_one_is_named() {
+        let window = |index: u64, p50: f64| WindowRecord {
+            index,
+            arm: ab::arm_of(index as usize),
+            p50_us: Some(p50),
+            p99_us: Some(2.0),
+            p999_us: Some(3.0),
+            max_us: None,
+            ok: 10,
+            errors: Default::default(),
+            achieved_rate: None,
+            gateway_cpu_s: None,
+            gateway_cpu_us_per_request: Some(4.0),
+            gateway_cpu_share: None,
+            cpu0_busy: Some(0.5),
+            tracer_cpu_cores: None,
+            tracer_bpf_ns_per_request: None,
+            tracer_lost_events: None,
+            tracer_requests: None,
+            tracer_hits_per_request: None,
+        };
+        let c = compare(&[window(0, 100.0), window(1, 110.0)]).unwrap();
+        assert_eq!(c.pairs, 1);
+        assert_eq!(c.metrics.p50_us.ratio_of_medians, Some(1.1));
+        let mut bad = window(1, 1.0);
+        bad.gateway_cpu_us_per_request = None;
+        let err = compare(&[window(0, 1.0), bad]).unwrap_err();
+        assert!(format!("{err:#}").contains("window 1"), "{err:#}");
     }
 }

@@ -3,100 +3,58 @@
 use std::path::Path;
 use std::process::Command;
 
-use serde::{Deserialize, Serialize};
+pub use session::machine::Machine;
 use time::OffsetDateTime;
 use time::format_description::FormatItem;
 use time::macros::format_description;
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Machine {
-    pub cpu_model: String,
-    pub cpus: usize,
-    pub memory_gib: f64,
-    pub kernel: String,
-    /// `git rev-parse HEAD`.
-    pub commit: String,
-    /// Paths under gateway/, loadgen/, xtask/ and the lock file with uncommitted changes: the
-    /// code measured may differ from `commit` there.
-    pub uncommitted: Vec<String>,
-    /// UTC, ISO 8601.
-    pub date: String,
-    /// `/proc/loadavg` when collected: other work on the machine shows here.
-    pub load_average: String,
-}
-
-impl Machine {
-    pub fn collect() -> Machine {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cpu_model = cpuinfo
-            .lines()
-            .find_map(|line| line.strip_prefix("model name"))
-            .and_then(|rest| rest.split_once(':'))
-            .map_or_else(
-                || "unknown".to_owned(),
-                |(_, model)| model.trim().to_owned(),
-            );
-        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let memory_kib: f64 = meminfo
-            .lines()
-            .find_map(|line| line.strip_prefix("MemTotal:"))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|kib| kib.parse().ok())
-            .unwrap_or(0.0);
-        let root = crate::workspace::root();
-        let uncommitted = git(
-            &root,
-            &[
-                "status",
-                "--porcelain",
-                "--",
-                "gateway",
-                "loadgen",
-                "xtask",
-                "Cargo.lock",
-            ],
-        )
+/// This machine, now: for the header of a run that is about to measure.
+pub fn collect() -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
         .lines()
-        .map(|line| line.get(3..).unwrap_or(line).to_owned())
-        .collect();
-        Machine {
-            cpu_model,
-            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
-            memory_gib: (memory_kib / (1024.0 * 1024.0) * 10.0).round() / 10.0,
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(
-                |_| "unknown".to_owned(),
-                |release| release.trim().to_owned(),
-            ),
-            commit: git(&root, &["rev-parse", "HEAD"]).trim().to_owned(),
-            uncommitted,
-            date: utc_now().iso8601(),
-            load_average: load_average(),
-        }
-    }
-
-    /// Markdown lines for a report header.
-    pub fn markdown(&self) -> String {
-        let mut text = format!(
-            "- machine: {} × {}, {} GiB\n- kernel: Linux {}\n- commit: `{}`\n- date: {}\n- load average at start (1, 5, 15 min): {}\n",
-            self.cpus,
-            self.cpu_model,
-            self.memory_gib,
-            self.kernel,
-            self.commit,
-            self.date,
-            self.load_average
+        .find_map(|line| line.strip_prefix("model name"))
+        .and_then(|rest| rest.split_once(':'))
+        .map_or_else(
+            || "unknown".to_owned(),
+            |(_, model)| model.trim().to_owned(),
         );
-        if !self.uncommitted.is_empty() {
-            text += &format!(
-                "- uncommitted changes at run time in: {}\n",
-                self.uncommitted
-                    .iter()
-                    .map(|p| format!("`{p}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        text
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_kib: f64 = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .unwrap_or(0.0);
+    let root = crate::workspace::root();
+    let uncommitted = git(
+        &root,
+        &[
+            "status",
+            "--porcelain",
+            "--",
+            "gateway",
+            "loadgen",
+            "xtask",
+            "Cargo.lock",
+        ],
+    )
+    .lines()
+    .map(|line| line.get(3..).unwrap_or(line).to_owned())
+    .collect();
+    Machine {
+        cpu_model,
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        memory_gib: (memory_kib / (1024.0 * 1024.0) * 10.0).round() / 10.0,
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(
+            |_| "unknown".to_owned(),
+            |release| release.trim().to_owned(),
+        ),
+        commit: git(&root, &["rev-parse", "HEAD"]).trim().to_owned(),
+        uncommitted,
+        date: utc_now().iso8601(),
+        load_average: load_average(),
+        commit_note: None,
     }
 }
 

@@ -157,7 +157,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     // Before anything is built or started: the commit measured, and the load average the
     // session started from.
-    let machine = Machine::collect();
+    let machine = crate::machine::collect();
     let out = session_dir::prepare(
         args.out.as_deref(),
         &format!("{}pct-{}ms", (args.load * 100.0).round(), args.delay_ms),
@@ -169,11 +169,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let logs = work.path();
 
     let bins = Binaries::build()?;
-    let tracer_bins = procs::cargo_build_release(&["-p", "tracer", "--bins"])?;
-    let (tracer_bin, analyses) = (
-        tracer_bins.find("tracer")?,
-        tracer_bins.find("tracer-validate")?,
-    );
+    let tracer_bin = procs::cargo_build_release(&["-p", "tracer", "--bins"])?.find("tracer")?;
     let load_cpus = Some(args.placement.load_cpus.as_str());
 
     let mock = start_mock_upstream(&bins, load_cpus, args.delay_ms, logs)?;
@@ -285,7 +281,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.ab_windows as usize,
             args.ab_window,
         )?;
-        probe_effect(&analyses, &windows, &tracer_flags, &args, work.path())?
+        probe_effect(&windows, &tracer_flags, &args)?
     };
     fs::write(
         out.join(readme::PROBE_EFFECT_JSON),
@@ -506,29 +502,13 @@ impl ab::Arms for EffectArms<'_> {
     }
 }
 
-/// probe-effect.json: the windows, and the traced/untraced ratios `tracer-validate ab`
-/// computes from them.
+/// probe-effect.json: the windows, and the traced/untraced ratios computed from them.
 fn probe_effect(
-    analyses: &Path,
-    windows: &[serde_json::Value],
+    windows: &[session::validation::WindowRecord],
     tracer_flags: &[String],
     args: &Args,
-    work: &Path,
 ) -> anyhow::Result<serde_json::Value> {
-    let path = work.join("effect-windows.json");
-    fs::write(&path, serde_json::to_string(windows)?)?;
-    let output = Command::new(analyses)
-        .args(["ab", "--windows"])
-        .arg(&path)
-        .output()
-        .with_context(|| format!("running {}", analyses.display()))?;
-    ensure!(
-        output.status.success(),
-        "tracer-validate ab failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
-    let comparison: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    let comparison = crate::ab::compare(windows)?;
     Ok(serde_json::json!({
         "tracer_flags": tracer_flags,
         "windows_per_arm": args.ab_windows,

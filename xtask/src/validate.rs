@@ -3,8 +3,8 @@
 //! One gateway (pinned to its CPUs) and one mock-upstream serve every part, in this order:
 //! 1. max throughput untraced (`loadgen --find-max`);
 //! 2. accuracy: an open loop at `load` × max with the tracer attached (and `--raw-events`),
-//!    joined with loadgen's per-request log (`tracer-validate accuracy`), plus the independent
-//!    fsync/run-queue cross-check of the raw dump (`crosscheck`);
+//!    joined with loadgen's per-request log (`session::analysis::accuracy`), plus the
+//!    independent fsync/run-queue cross-check of the raw dump (`session::analysis::crosscheck`);
 //! 3. probe effect: `windows` traced and `windows` untraced windows at the same rate, in
 //!    flipping pairs, with the gateway's CPU per request and CPU 0's busy share per window;
 //!    then each other mode's cost, and the floor rows, in shorter A/Bs;
@@ -20,17 +20,22 @@ mod readme;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::Context as _;
+use serde::Deserialize;
 use serde_json::{Value, json};
+use session::analysis::ab::Arm;
+use session::analysis::{accuracy, crosscheck};
+use session::validation::{
+    Calibration, Hits, MaxRate, Minute, Mode, Pin, Search, Settings, SoakSample, TracedUntraced,
+    VALIDATION_JSON, WindowRecord,
+};
 
-use crate::ab::{self, Traced, latency, median};
+use crate::ab::{self as windows_ab, Traced, latency, median};
 use crate::flags;
-use crate::machine::Machine;
 use crate::procs::{
     self, Binaries, Gateway, MockUpstream, init_demo_db, run_loadgen, start_gateway,
     start_mock_upstream, start_tracer,
@@ -105,26 +110,14 @@ fn fraction(text: &str) -> Result<f64, String> {
     }
 }
 
-/// The tracer's binaries.
-struct TracerBins {
-    tracer: PathBuf,
-    crosscheck: PathBuf,
-    validate: PathBuf,
-}
-
-fn build_tracer_bins() -> anyhow::Result<TracerBins> {
-    let built = procs::cargo_build_release(&["-p", "tracer", "--bins"])?;
-    Ok(TracerBins {
-        tracer: built.find("tracer")?,
-        crosscheck: built.find("crosscheck")?,
-        validate: built.find("tracer-validate")?,
-    })
+fn build_tracer() -> anyhow::Result<PathBuf> {
+    procs::cargo_build_release(&["-p", "tracer", "--bins"])?.find("tracer")
 }
 
 /// Everything the parts share.
 struct Bench {
     bins: Binaries,
-    tracer: TracerBins,
+    tracer: PathBuf,
     gateway: Gateway,
     _mock: MockUpstream,
     key: String,
@@ -186,19 +179,10 @@ impl Bench {
             .context("loadgen --find-max reported no max_rate")
     }
 
-    /// `tracer-validate accuracy`: the tracer's session in `dir` joined with loadgen's
-    /// per-request log `client_csv`.
-    fn accuracy(&self, client_csv: &Path, dir: &Path) -> anyhow::Result<Value> {
-        analysis(
-            &self.tracer.validate,
-            &strings(&[
-                "accuracy",
-                "--client",
-                &path_arg(client_csv),
-                "--tracer",
-                &path_arg(dir),
-            ]),
-        )
+    /// The tracer's session in `dir` joined with loadgen's per-request log `client_csv`.
+    fn accuracy(&self, client_csv: &Path, dir: &Path) -> anyhow::Result<accuracy::Accuracy> {
+        let (requests, incomplete) = (dir.join("requests.csv"), dir.join("incomplete.csv"));
+        accuracy::join_files(client_csv, &requests, &incomplete)
     }
 
     /// Starts `tracer record` on the load CPUs and waits until its programs are attached.
@@ -219,7 +203,7 @@ impl Bench {
         if name != "accuracy" {
             flags.push("--no-calibrate".to_owned());
         }
-        let tracer = start_tracer(&self.tracer.tracer, Some(&self.load_cpus), &flags, &dir)?;
+        let tracer = start_tracer(&self.tracer, Some(&self.load_cpus), &flags, &dir)?;
         Ok(Traced { tracer, dir })
     }
 }
@@ -232,7 +216,7 @@ struct AbArms<'a> {
     rate: f64,
 }
 
-impl ab::Arms for AbArms<'_> {
+impl windows_ab::Arms for AbArms<'_> {
     fn attach(&mut self, index: usize) -> anyhow::Result<Traced> {
         self.bench
             .attach(&format!("{}-{index}", self.name), self.extra)
@@ -253,7 +237,7 @@ impl Bench {
         rate: f64,
         per_arm: usize,
         window: f64,
-    ) -> anyhow::Result<Vec<Value>> {
+    ) -> anyhow::Result<Vec<WindowRecord>> {
         let (pid, cpu) = (self.gateway.proc.pid(), self.gateway_cpu);
         let mut arms = AbArms {
             bench: self,
@@ -261,7 +245,7 @@ impl Bench {
             extra,
             rate,
         };
-        ab::windows(&mut arms, pid, cpu, per_arm, window)
+        windows_ab::windows(&mut arms, pid, cpu, per_arm, window)
     }
 }
 
@@ -301,21 +285,25 @@ fn path_arg(path: &Path) -> String {
     path.display().to_string()
 }
 
-/// Runs one of the tracer's analysis binaries and parses its JSON stdout.
-fn analysis(program: &Path, args: &[String]) -> anyhow::Result<Value> {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .with_context(|| format!("running {}", program.display()))?;
-    ensure!(
-        output.status.success(),
-        "{} {} failed ({}): {}",
-        program.display(),
-        args.join(" "),
-        output.status,
-        String::from_utf8_lossy(&output.stderr).trim()
+/// The independent cross-check of the raw dump `raw`, beside the model's `kernel` section of
+/// the same session's `breakdown`; prints the table as it goes.
+fn cross_check(raw: &Path, breakdown: &Value) -> anyhow::Result<crosscheck::Report> {
+    let independent = crosscheck::check(crosscheck::read_dump(raw)?);
+    let model = breakdown
+        .get("kernel")
+        .context("the accuracy session's breakdown.json has no `kernel` section")?;
+    let model = crosscheck::ModelKernel::deserialize(model)
+        .context("reading the `kernel` section of breakdown.json")?;
+    let comparison = crosscheck::compare(&independent, &model);
+    print!("{}", crosscheck::table(&comparison));
+    println!(
+        "crosscheck: {} events, writer tids {:?}, {} switch-ins of threads never seen before",
+        independent.events, independent.writer_tids, independent.switch_in_unknown
     );
-    Ok(serde_json::from_slice(&output.stdout)?)
+    Ok(crosscheck::Report {
+        comparison,
+        independent,
+    })
 }
 
 /// The tracer's options beyond the lean default, each costed on its own, and as `profile`
@@ -369,125 +357,118 @@ fn is_floor(flags: &[&str]) -> bool {
 fn mode_cost(
     name: &str,
     flags: &[&str],
-    windows: &[Value],
-    calibration: &Value,
+    windows: &[WindowRecord],
+    calibration: Option<&Calibration>,
     bpf_ns_per_request: f64,
-) -> Value {
-    let arm = |traced: bool, key: &str| -> Vec<&Value> {
-        windows
-            .iter()
-            .filter(|w| (w["arm"] == "traced") == traced)
-            .map(|w| &w[key])
-            .collect()
+) -> Mode {
+    let traced = || windows.iter().filter(|w| w.arm == Arm::Traced);
+    let untraced = || windows.iter().filter(|w| w.arm == Arm::Untraced);
+    let finite = |x: f64| Some(x).filter(|x| x.is_finite());
+    let med = |values: Vec<Option<f64>>| finite(median(values.into_iter().flatten().collect()));
+    let cpu_traced = med(traced().map(|w| w.gateway_cpu_us_per_request).collect());
+    let cpu_untraced = med(untraced().map(|w| w.gateway_cpu_us_per_request).collect());
+    let hits: Vec<Hits> = traced().filter_map(|w| w.tracer_hits_per_request).collect();
+    let per_request = |kind: fn(&Hits) -> Option<f64>| med(hits.iter().map(kind).collect());
+    let hits = Hits {
+        sites: per_request(|h| h.sites),
+        syscalls: per_request(|h| h.syscalls),
+        sock: per_request(|h| h.sock),
+        sched: per_request(|h| h.sched),
+        samples: per_request(|h| h.samples),
     };
-    let f = |values: Vec<&Value>| median(values.iter().filter_map(|v| v.as_f64()).collect());
-    let cpu = |traced| f(arm(traced, "gateway_cpu_us_per_request"));
-    let hits = arm(true, "tracer_hits_per_request");
-    let kinds = [
-        ("sites", "site"),
-        ("syscalls", "syscall"),
-        ("sock", "sock"),
-        ("sched", "sched"),
+    // Calibrated kinds by their per-hit name; an unmeasured kind (null) is left out of the
+    // sum, as the calibration's own is; no calibration at all measures nothing.
+    let calibrated = [
+        (hits.sites, "site"),
+        (hits.syscalls, "syscall"),
+        (hits.sock, "sock"),
+        (hits.sched, "sched"),
     ];
-    let mut hits_json = serde_json::Map::new();
-    let mut probe_ns = 0.0;
-    for (kind, cal) in kinds.iter().chain(&[("samples", "")]) {
-        let per_request = f(hits.iter().map(|h| &h[*kind]).collect());
-        // An unmeasured kind (null) is left out of the sum, as the calibration's own is.
-        if let Some(ns_per_hit) = calibration["ns_per_hit"][*cal].as_f64() {
-            probe_ns += per_request * ns_per_hit;
-        } else if !cal.is_empty() && !calibration["ns_per_hit"].is_object() {
-            probe_ns = f64::NAN;
-        }
-        hits_json.insert((*kind).to_owned(), json!(per_request));
-    }
-    let (traced, untraced) = (cpu(true), cpu(false));
-    // A floor session rebuilds no request, so it has no hits to count.
-    let (hits_json, probe_ns) = if is_floor(flags) {
-        (Value::Null, Value::Null)
-    } else {
-        (Value::Object(hits_json), json!(probe_ns))
+    let probe_ns = match calibration {
+        None => f64::NAN,
+        Some(cal) => calibrated
+            .iter()
+            .filter_map(|(per_request, kind)| {
+                let ns_per_hit = cal.ns_per_hit.get(*kind).copied().flatten()?;
+                Some(f(*per_request) * ns_per_hit)
+            })
+            .sum(),
     };
-    json!({
-        "mode": name,
-        "flags": flags,
-        "windows_per_arm": windows.len() / 2,
-        "hits_per_request": hits_json,
-        "probe_ns_per_request": probe_ns,
-        "probe_ns_per_request_leaves_out": calibration["unmeasured"],
-        "bpf_ns_per_request": bpf_ns_per_request,
-        "gateway_cpu_us_per_request": {"untraced": untraced, "traced": traced},
-        "cpu_ratio": traced / untraced,
-        "tracer_cpu_cores": f(arm(true, "tracer_cpu_cores")),
-    })
+    // A floor session rebuilds no request, so it has no hits to count.
+    let floor = is_floor(flags);
+    Mode {
+        mode: name.to_owned(),
+        flags: flags.iter().map(|f| (*f).to_owned()).collect(),
+        windows_per_arm: windows.len() as u64 / 2,
+        hits_per_request: (!floor).then_some(hits),
+        probe_ns_per_request: if floor { None } else { finite(probe_ns) },
+        probe_ns_per_request_leaves_out: calibration.and_then(|c| c.unmeasured.clone()),
+        bpf_ns_per_request: finite(bpf_ns_per_request),
+        gateway_cpu_us_per_request: TracedUntraced {
+            untraced: cpu_untraced,
+            traced: cpu_traced,
+        },
+        cpu_ratio: finite(f(cpu_traced) / f(cpu_untraced)),
+        tracer_cpu_cores: med(traced().map(|w| w.tracer_cpu_cores).collect()),
+    }
+}
+
+/// A figure for arithmetic: NaN when missing.
+fn f(x: Option<f64>) -> f64 {
+    x.unwrap_or(f64::NAN)
+}
+
+/// The lengths of each part, `--quick` applied.
+struct Timing {
+    accuracy_s: f64,
+    window_s: f64,
+    mode_window_s: f64,
+    loss_s: f64,
+    soak_s: f64,
+    find_max_step_s: f64,
+}
+
+impl Timing {
+    fn of(args: &Args) -> Timing {
+        let quick = args.quick;
+        Timing {
+            accuracy_s: if quick { 5.0 } else { args.duration },
+            window_s: if quick { 3.0 } else { args.window },
+            mode_window_s: if quick { 2.0 } else { args.mode_window },
+            loss_s: if quick { 3.0 } else { args.loss_duration },
+            soak_s: if quick { 30.0 } else { args.soak },
+            find_max_step_s: if quick { 1.0 } else { 2.0 },
+        }
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(dir) = &args.render {
-        let path = dir.join("validation.json");
-        let text =
-            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let readme = readme::write(dir, &serde_json::from_str(&text)?)?;
+        let readme = readme::render_dir(dir)?;
         eprintln!("xtask: wrote {}", readme.display());
         return Ok(());
     }
     crate::privilege::Runner::detect().authorize("cargo xtask validate")?;
     crate::setup::ensure()?;
     let started = Instant::now();
-    let (duration, window, loss_s, soak) = if args.quick {
-        (5.0, 3.0, 3.0, 30.0)
-    } else {
-        (args.duration, args.window, args.loss_duration, args.soak)
-    };
-    let find_max_step = if args.quick { 1.0 } else { 2.0 };
+    let timing = Timing::of(&args);
     let out = crate::session_dir::prepare(args.out.as_deref(), "validation", args.overwrite)?;
     let work = tempfile::Builder::new()
         .prefix("xtask-validate-")
         .tempdir()?;
-
     // Before building: the commit and the uncommitted paths are those of the code measured.
-    let machine = Machine::collect();
-    let bins = Binaries::build()?;
-    let tracer = build_tracer_bins()?;
-    let load_cpus = Some(args.placement.load_cpus.as_str());
-    let mock = start_mock_upstream(&bins, load_cpus, 0, work.path())?;
-    let db = work.path().join("ledger.db");
-    let key = init_demo_db(&bins, &db, &mock.url)?;
-    let gateway = start_gateway(
-        &bins,
-        Some(&args.placement.gateway_cpus),
-        &db,
-        args.placement.workers as usize,
-        work.path(),
-    )?;
-    let gateway_pid = gateway.proc.pid();
-    let mut pinning = vec![
-        json!({"process": "gateway", "asked": args.placement.gateway_cpus, "applied": gateway.proc.cpus_allowed()?}),
-        json!({"process": "mock-upstream", "asked": args.placement.load_cpus, "applied": mock.proc.cpus_allowed()?}),
-        json!({"process": "loadgen", "asked": args.placement.load_cpus, "applied": format!("{} (taskset)", args.placement.load_cpus)}),
-    ];
-    eprintln!(
-        "xtask: gateway pid {gateway_pid} at {} (CPUs {})",
-        gateway.url, args.placement.gateway_cpus
-    );
-    let mut bench = Bench {
-        bins,
-        tracer,
-        gateway,
-        _mock: mock,
-        key,
-        work: work.path().to_owned(),
-        load_cpus: args.placement.load_cpus.clone(),
-        gateway_cpu: flags::first_cpu(&args.placement.gateway_cpus),
-        runs: 0,
-    };
+    let machine = crate::machine::collect();
+    let (mut bench, mut pinning) = start(&args, work.path())?;
 
     // 1. Max throughput, untraced.
     let (max_untraced, max_source) = match args.max_rate {
         Some(r) => (r, "--max-rate"),
         None => {
             eprintln!("xtask: [1/6] max throughput, untraced");
-            (bench.find_max(find_max_step)?, "loadgen --find-max")
+            (
+                bench.find_max(timing.find_max_step_s)?,
+                "loadgen --find-max",
+            )
         }
     };
     let rate = args.load * max_untraced;
@@ -495,39 +476,204 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // An untraced warm-up at the rate, so the first window does not pay for cold caches.
     bench.open_loop(rate, 3.0, &[])?;
 
-    // 2. Accuracy (and the cross-check), traced.
+    let accuracy = accuracy_part(&mut bench, &args, &timing, rate, &out, &mut pinning)?;
+    let (windows, ab, modes) = probe_effect_part(&mut bench, &args, &timing, rate, &accuracy)?;
+    let max = max_part(&mut bench, &args, &timing)?;
+    let loss_runs = loss_part(&mut bench, &args, &timing, rate, max.traced)?;
+    let soak_json = soak_part(&mut bench, timing.soak_s, rate)?;
+
+    // The tracer shares the load CPU with loadgen and the upstream: its CPU is probe effect too.
+    let accuracy_cost = &accuracy.breakdown["cost"];
+    let tracer_cpu_cores = accuracy_cost["tracer"]["cpu_session_s"]
+        .as_f64()
+        .unwrap_or(f64::NAN)
+        / accuracy_cost["session_s"].as_f64().unwrap_or(f64::NAN);
+    let (duration, window, mode_window, loss_s, soak) = (
+        timing.accuracy_s,
+        timing.window_s,
+        timing.mode_window_s,
+        timing.loss_s,
+        timing.soak_s,
+    );
+    let (accuracy_load, accuracy_breakdown) = (&accuracy.load, &accuracy.breakdown);
+    let (searches, max_alongside, max_traced, max_floor) =
+        (&max.searches, max.alongside, max.traced, max.floor);
+    let validation = json!({
+        "command": command_line(&args),
+        "machine": machine,
+        "pinning": pinning,
+        "settings": Settings {
+            load: args.load,
+            quick: args.quick,
+            connections: CONNECTIONS,
+            accuracy_s: duration,
+            window_s: window,
+            windows_per_arm: args.windows,
+            mode_window_s: Some(mode_window),
+            mode_windows_per_arm: Some(args.mode_windows),
+            loss_s,
+            soak_s: soak,
+            workers: args.placement.workers,
+            forced_ring_mib: args.forced_ring_mib,
+            forced_stall_s: args.forced_stall,
+        },
+        "max_rate": MaxRate {
+            untraced: max_untraced,
+            untraced_source: max_source.to_owned(),
+            searches: Some(searches.iter().map(|&(untraced, traced)| Search { untraced, traced, ratio: Some(traced / untraced) }).collect()),
+            untraced_alongside: Some(max_alongside),
+            traced: max_traced,
+            ratio_traced_untraced: Some(max_traced / max_alongside),
+            traced_tracepoints_only: max_floor,
+            ratio_tracepoints_only_untraced: max_floor.map(|m| m / max_alongside),
+        },
+        "rate": rate,
+        "accuracy": {
+            "loadgen": {"ok": accuracy_load["ok"], "errors": accuracy_load["errors"],
+                        "achieved_rate": accuracy_load["achieved_rate"]},
+            "tracer": {"requests": accuracy_breakdown["requests"], "incomplete": accuracy_breakdown["incomplete"],
+                       "incomplete_reasons": accuracy_breakdown["incomplete_reasons"],
+                       "lost_events": accuracy_breakdown["lost_events"]},
+            "join": accuracy.join,
+        },
+        "crosscheck": accuracy.crosscheck,
+        "ab": {"windows": windows, "comparison": ab},
+        "modes": modes,
+        "calibration": accuracy_breakdown.get("calibration").cloned(),
+        "cost": {
+            "accuracy_run": accuracy_breakdown.get("cost").cloned(),
+            "max_traced_run": max.last_traced_breakdown.get("cost").cloned(),
+            "hits_per_request": accuracy_breakdown["hits_per_request"],
+            "tracer_cpu_cores": tracer_cpu_cores,
+            "mode": accuracy_breakdown["attach_modes"]["mode"],
+            "drops": accuracy_breakdown.get("drops").cloned(),
+        },
+        "loss": loss_runs,
+        "soak": soak_json,
+        "wall_time_s": started.elapsed().as_secs_f64(),
+    });
+    let path = out.join(VALIDATION_JSON);
+    fs::write(&path, serde_json::to_string_pretty(&validation)? + "\n")?;
+    // Written first, so a figure that does not fit its type loses nothing.
+    let readme = readme::render_dir(&out)?;
+    eprintln!(
+        "xtask: validation written to {} in {:.0} s",
+        readme.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Builds everything, starts the mock upstream and the pinned gateway; the bench and the
+/// pinning as applied so far.
+fn start(args: &Args, work: &Path) -> anyhow::Result<(Bench, Vec<Pin>)> {
+    let bins = Binaries::build()?;
+    let tracer = build_tracer()?;
+    let load_cpus = Some(args.placement.load_cpus.as_str());
+    let mock = start_mock_upstream(&bins, load_cpus, 0, work)?;
+    let db = work.join("ledger.db");
+    let key = init_demo_db(&bins, &db, &mock.url)?;
+    let gateway = start_gateway(
+        &bins,
+        Some(&args.placement.gateway_cpus),
+        &db,
+        args.placement.workers as usize,
+        work,
+    )?;
+    let gateway_pid = gateway.proc.pid();
+    let (gateway_cpus, load_cpus) = (&args.placement.gateway_cpus, &args.placement.load_cpus);
+    let pinning = vec![
+        pin("gateway", gateway_cpus, gateway.proc.cpus_allowed()?),
+        pin("mock-upstream", load_cpus, mock.proc.cpus_allowed()?),
+        pin("loadgen", load_cpus, format!("{load_cpus} (taskset)")),
+    ];
+    eprintln!(
+        "xtask: gateway pid {gateway_pid} at {} (CPUs {})",
+        gateway.url, args.placement.gateway_cpus
+    );
+    let bench = Bench {
+        bins,
+        tracer,
+        gateway,
+        _mock: mock,
+        key,
+        work: work.to_owned(),
+        load_cpus: args.placement.load_cpus.clone(),
+        gateway_cpu: flags::first_cpu(&args.placement.gateway_cpus),
+        runs: 0,
+    };
+    Ok((bench, pinning))
+}
+
+fn pin(process: &str, asked: &str, applied: String) -> Pin {
+    Pin {
+        process: process.to_owned(),
+        asked: asked.to_owned(),
+        applied,
+    }
+}
+
+/// The accuracy run's figures.
+struct AccuracyPart {
+    /// loadgen's summary.
+    load: Value,
+    breakdown: Value,
+    join: accuracy::Accuracy,
+    crosscheck: crosscheck::Report,
+}
+
+/// Part 2, accuracy (and the cross-check), traced; its breakdown.json is kept in `out`.
+fn accuracy_part(
+    bench: &mut Bench,
+    args: &Args,
+    timing: &Timing,
+    rate: f64,
+    out: &Path,
+    pinning: &mut Vec<Pin>,
+) -> anyhow::Result<AccuracyPart> {
+    let duration = timing.accuracy_s;
     eprintln!("xtask: [2/6] accuracy, {duration} s traced at {rate:.0} req/s");
-    let raw = work.path().join("raw.events");
+    let work = bench.work.clone();
+    let raw = work.join("raw.events");
     let traced = bench.attach(
         "accuracy",
         &["--raw-events", &path_arg(&raw), "--bpf-stats"],
     )?;
-    pinning.push(json!({"process": "tracer", "asked": args.placement.load_cpus, "applied": traced.tracer.cpus_allowed()?}));
-    let client_csv = work.path().join("accuracy-client.csv");
-    let accuracy_load =
-        bench.open_loop(rate, duration, &["--requests-out", &path_arg(&client_csv)]);
-    let (accuracy_breakdown, accuracy_dir) = traced.stop()?;
-    let accuracy_load = accuracy_load?;
-    let accuracy = bench.accuracy(&client_csv, &accuracy_dir)?;
-    let crosscheck_json = work.path().join("crosscheck.json");
-    let crosscheck = analysis_file(
-        &bench.tracer.crosscheck,
-        &strings(&[
-            &path_arg(&raw),
-            "--breakdown",
-            &path_arg(&accuracy_dir.join("breakdown.json")),
-            "--out",
-            &path_arg(&crosscheck_json),
-        ]),
-        &crosscheck_json,
-    )?;
+    let applied = traced.tracer.cpus_allowed()?;
+    pinning.push(pin("tracer", &args.placement.load_cpus, applied));
+    let client_csv = work.join("accuracy-client.csv");
+    let load = bench.open_loop(rate, duration, &["--requests-out", &path_arg(&client_csv)]);
+    let (breakdown, dir) = traced.stop()?;
+    let load = load?;
+    let join = bench.accuracy(&client_csv, &dir)?;
+    let crosscheck = cross_check(&raw, &breakdown)?;
     let _ = fs::remove_file(&raw);
     fs::copy(
-        accuracy_dir.join("breakdown.json"),
+        dir.join("breakdown.json"),
         out.join("accuracy-breakdown.json"),
     )?;
+    Ok(AccuracyPart {
+        load,
+        breakdown,
+        join,
+        crosscheck,
+    })
+}
 
-    // 3. Probe effect: flipping pairs of windows.
+/// Part 3, probe effect: flipping pairs of windows; then what each mode costs, in the same
+/// A/B, shorter, per option. The lean windows, their comparison, and the cost-by-mode rows.
+fn probe_effect_part(
+    bench: &mut Bench,
+    args: &Args,
+    timing: &Timing,
+    rate: f64,
+    accuracy: &AccuracyPart,
+) -> anyhow::Result<(
+    Vec<WindowRecord>,
+    session::analysis::ab::Comparison,
+    Vec<Mode>,
+)> {
+    let window = timing.window_s;
     eprintln!(
         "xtask: [3/6] A/B, {} windows of {window} s per arm at {rate:.0} req/s",
         args.windows
@@ -536,16 +682,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // cross-check's read of the raw dump leave the machine busy for a moment.
     bench.open_loop(rate, window.min(5.0), &[])?;
     let windows = bench.ab_windows("ab", &[], rate, args.windows as usize, window)?;
-    let windows_json = work.path().join("windows.json");
-    fs::write(&windows_json, serde_json::to_string(&windows)?)?;
-    let ab = analysis(
-        &bench.tracer.validate,
-        &strings(&["ab", "--windows", &path_arg(&windows_json)]),
-    )?;
+    let comparison = windows_ab::compare(&windows)?;
 
-    // 3b. What each mode costs: the same A/B, shorter, per option.
-    let calibration = &accuracy_breakdown["calibration"];
-    let accuracy_bpf = bpf_ns_per_answered(&accuracy_breakdown, &accuracy_load);
+    // Unreadable: no calibrated probe time, as without one (the README's own read of it
+    // names the key that does not fit).
+    let calibration: Option<Calibration> =
+        Deserialize::deserialize(&accuracy.breakdown["calibration"]).ok();
+    let calibration = calibration.as_ref();
+    let accuracy_bpf = bpf_ns_per_answered(&accuracy.breakdown, &accuracy.load);
     let mut modes = vec![mode_cost(
         "lean (default)",
         &[],
@@ -553,7 +697,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         calibration,
         accuracy_bpf,
     )];
-    let mode_window = if args.quick { 2.0 } else { args.mode_window };
+    let mode_window = timing.mode_window_s;
     let mode_runs = if args.mode_windows == 0 {
         &[][..]
     } else {
@@ -579,12 +723,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?;
         modes.push(mode_cost(name, flags, &mode_windows, calibration, bpf));
     }
+    Ok((windows, comparison, modes))
+}
 
-    // 4. Max throughput. The machine's level moves within minutes (one tracer read ×0.91 and
-    // ×0.45 twenty minutes apart against a single untraced search), so each traced search is
-    // paired with an untraced one just before it.
+/// The max-throughput searches.
+struct MaxPart {
+    /// (untraced, traced) of each round.
+    searches: Vec<(f64, f64)>,
+    /// Medians of the rounds.
+    alongside: f64,
+    traced: f64,
+    /// With the tracepoints alone; None when the modes were skipped.
+    floor: Option<f64>,
+    last_traced_breakdown: Value,
+}
+
+/// Part 4, max throughput. The machine's level moves within minutes (one tracer read ×0.91 and
+/// ×0.45 twenty minutes apart against a single untraced search), so each traced search is
+/// paired with an untraced one just before it.
+fn max_part(bench: &mut Bench, args: &Args, timing: &Timing) -> anyhow::Result<MaxPart> {
+    let find_max_step = timing.find_max_step_s;
     let mut searches = Vec::new();
-    let mut max_traced_breakdown = Value::Null;
+    let mut last_traced_breakdown = Value::Null;
     for round in 1..=MAX_SEARCH_ROUNDS {
         eprintln!(
             "xtask: [4/6] max throughput, round {round} of {MAX_SEARCH_ROUNDS}: untraced, then traced"
@@ -592,13 +752,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let untraced = bench.find_max(find_max_step)?;
         let traced = bench.attach(&format!("find-max-traced-{round}"), &[])?;
         let max = bench.find_max(find_max_step);
-        max_traced_breakdown = traced.stop()?.0;
+        last_traced_breakdown = traced.stop()?.0;
         searches.push((untraced, max?));
     }
-    let max_alongside = median(searches.iter().map(|s| s.0).collect());
-    let max_traced = median(searches.iter().map(|s| s.1).collect());
+    let alongside = median(searches.iter().map(|s| s.0).collect());
+    let traced = median(searches.iter().map(|s| s.1).collect());
     // The floor: the same search with the kernel events alone (no uprobes).
-    let max_floor = if args.mode_windows == 0 {
+    let floor = if args.mode_windows == 0 {
         None
     } else {
         eprintln!("xtask: [4/6] max throughput, {}", SKIP_SITES.0);
@@ -607,8 +767,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         traced.stop()?;
         Some(max?)
     };
+    Ok(MaxPart {
+        searches,
+        alongside,
+        traced,
+        floor,
+        last_traced_breakdown,
+    })
+}
 
-    // 5. Loss.
+/// Part 5, loss at the traced max, above it, and with a forced-small ring.
+fn loss_part(
+    bench: &mut Bench,
+    args: &Args,
+    timing: &Timing,
+    rate: f64,
+    max_traced: f64,
+) -> anyhow::Result<Vec<Value>> {
+    let loss_s = timing.loss_s;
+    let work = bench.work.clone();
     // At the traced max: a load the traced gateway really carries, so the rate achieved says
     // whether the tracer kept up, not whether the gateway did.
     eprintln!(
@@ -637,7 +814,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Value::Null
         };
         let traced = bench.attach(name, &extra)?;
-        let client_csv = work.path().join(format!("{name}-client.csv"));
+        let client_csv = work.join(format!("{name}-client.csv"));
         // The forced-loss run stops the tracer's reader for a while: the kernel keeps
         // writing into the small ring until it is full, then counts every failed reserve.
         let stall = (!extra.is_empty()).then(|| {
@@ -692,7 +869,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }));
     }
 
-    // 6. Soak.
+    Ok(loss_runs)
+}
+
+/// Part 6, a soak at the load's rate, sampling the tracer's RSS and CPU.
+fn soak_part(bench: &mut Bench, soak: f64, rate: f64) -> anyhow::Result<Value> {
     eprintln!("xtask: [6/6] soak, {soak} s traced at {rate:.0} req/s");
     let traced = bench.attach("soak", &[])?;
     let samples = Arc::new(Mutex::new(Vec::new()));
@@ -704,12 +885,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut next = Duration::ZERO;
             while sampling.load(Ordering::SeqCst) {
                 if t0.elapsed() >= next {
-                    samples.lock().expect("sampler lock").push(json!({
-                        "t_s": t0.elapsed().as_secs_f64(),
-                        "cpu_s": procstat::cpu_seconds(pid),
-                        "rss_kib": procstat::status_kib(pid, "VmRSS"),
-                        "hwm_kib": procstat::status_kib(pid, "VmHWM"),
-                    }));
+                    samples.lock().expect("sampler lock").push(SoakSample {
+                        t_s: t0.elapsed().as_secs_f64(),
+                        cpu_s: procstat::cpu_seconds(pid),
+                        rss_kib: procstat::status_kib(pid, "VmRSS"),
+                        hwm_kib: procstat::status_kib(pid, "VmHWM"),
+                    });
                     next += SOAK_SAMPLE;
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -737,117 +918,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "lost_events": soak_breakdown["lost_events"],
         "cost": soak_breakdown.get("cost").cloned(),
     });
-
-    // The tracer shares the load CPU with loadgen and the upstream: its CPU is probe effect too.
-    let accuracy_cost = &accuracy_breakdown["cost"];
-    let tracer_cpu_cores = accuracy_cost["tracer"]["cpu_session_s"]
-        .as_f64()
-        .unwrap_or(f64::NAN)
-        / accuracy_cost["session_s"].as_f64().unwrap_or(f64::NAN);
-    let validation = json!({
-        "command": command_line(&args),
-        "machine": machine,
-        "pinning": pinning,
-        "settings": {
-            "load": args.load, "quick": args.quick, "connections": CONNECTIONS,
-            "accuracy_s": duration, "window_s": window, "windows_per_arm": args.windows,
-            "mode_window_s": mode_window, "mode_windows_per_arm": args.mode_windows,
-            "loss_s": loss_s, "soak_s": soak, "workers": args.placement.workers,
-            "forced_ring_mib": args.forced_ring_mib, "forced_stall_s": args.forced_stall,
-        },
-        "max_rate": {"untraced": max_untraced, "untraced_source": max_source,
-                     "searches": searches.iter().map(|&(u, t)| json!({"untraced": u, "traced": t, "ratio": t / u})).collect::<Vec<_>>(),
-                     "untraced_alongside": max_alongside,
-                     "traced": max_traced,
-                     "ratio_traced_untraced": max_traced / max_alongside,
-                     "traced_tracepoints_only": max_floor,
-                     "ratio_tracepoints_only_untraced": max_floor.map(|m| m / max_alongside)},
-        "rate": rate,
-        "accuracy": {
-            "loadgen": {"ok": accuracy_load["ok"], "errors": accuracy_load["errors"],
-                        "achieved_rate": accuracy_load["achieved_rate"]},
-            "tracer": {"requests": accuracy_breakdown["requests"], "incomplete": accuracy_breakdown["incomplete"],
-                       "incomplete_reasons": accuracy_breakdown["incomplete_reasons"],
-                       "lost_events": accuracy_breakdown["lost_events"]},
-            "join": accuracy,
-        },
-        "crosscheck": crosscheck,
-        "ab": {"windows": windows, "comparison": ab},
-        "modes": modes,
-        "calibration": accuracy_breakdown.get("calibration").cloned(),
-        "cost": {
-            "accuracy_run": accuracy_breakdown.get("cost").cloned(),
-            "max_traced_run": max_traced_breakdown.get("cost").cloned(),
-            "hits_per_request": accuracy_breakdown["hits_per_request"],
-            "tracer_cpu_cores": tracer_cpu_cores,
-            "mode": accuracy_breakdown["attach_modes"]["mode"],
-            "drops": accuracy_breakdown.get("drops").cloned(),
-        },
-        "loss": loss_runs,
-        "soak": soak_json,
-        "wall_time_s": started.elapsed().as_secs_f64(),
-    });
-    fs::write(
-        out.join("validation.json"),
-        serde_json::to_string_pretty(&validation)? + "\n",
-    )?;
-    let readme = readme::write(&out, &validation)?;
-    eprintln!(
-        "xtask: validation written to {} in {:.0} s",
-        readme.display(),
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
-/// Runs an analysis binary that writes its JSON to `out` (and a table to stdout).
-fn analysis_file(program: &Path, args: &[String], out: &Path) -> anyhow::Result<Value> {
-    let status = Command::new(program)
-        .args(args)
-        .stdout(Stdio::inherit())
-        .status()
-        .with_context(|| format!("running {}", program.display()))?;
-    ensure!(status.success(), "{} failed ({status})", program.display());
-    let text = fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?;
-    Ok(serde_json::from_str(&text)?)
+    Ok(soak_json)
 }
 
 /// Complete requests of `dir/requests.csv` whose [t_arrive, t_done] overlaps a loss span of
-/// breakdown.json's `loss_spans` (must be 0), or null when the tracer did not list its spans.
-fn complete_requests_crossing_loss(dir: &Path, breakdown: &Value) -> anyhow::Result<Value> {
-    let Some(spans) = breakdown.get("loss_spans").and_then(Value::as_array) else {
-        return Ok(Value::Null);
+/// breakdown.json's `loss_spans` (must be 0), or None when the tracer did not list its spans.
+fn complete_requests_crossing_loss(dir: &Path, breakdown: &Value) -> anyhow::Result<Option<u64>> {
+    let Some(spans) = breakdown.get("loss_spans") else {
+        return Ok(None);
     };
-    let spans: Vec<(u64, u64)> = spans
-        .iter()
-        .filter_map(|s| Some((s[0].as_u64()?, s[1].as_u64()?)))
-        .collect();
-    let text = fs::read_to_string(dir.join("requests.csv"))?;
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
-    let col = |name: &str| header.iter().position(|h| *h == name);
-    let (Some(a), Some(d)) = (col("t_arrive_ns"), col("t_done_ns")) else {
-        bail!("requests.csv has no t_arrive_ns/t_done_ns columns");
-    };
-    let mut crossing = 0u64;
-    for line in lines {
-        let f: Vec<&str> = line.split(',').collect();
-        let (Some(Ok(arrive)), Some(Ok(done))) = (
-            f.get(a).map(|v| v.parse::<u64>()),
-            f.get(d).map(|v| v.parse::<u64>()),
-        ) else {
-            continue;
-        };
-        crossing += u64::from(spans.iter().any(|&(from, to)| from <= done && to >= arrive));
-    }
-    Ok(json!(crossing))
+    let spans: Vec<(u64, u64)> =
+        serde_json::from_value(spans.clone()).context("breakdown.json's loss_spans")?;
+    let path = dir.join("requests.csv");
+    let file = fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let requests = accuracy::read_traced_csv(std::io::BufReader::new(file))?;
+    let crossing = requests.iter().filter(|r| {
+        spans
+            .iter()
+            .any(|&(from, to)| from <= r.t_done_ns && to >= r.t_arrive_ns)
+    });
+    Ok(Some(crossing.count() as u64))
 }
 
 /// Tracer CPU seconds per minute, from the soak's samples (first to last within each minute).
-fn cpu_per_minute(samples: &[Value]) -> Vec<Value> {
+fn cpu_per_minute(samples: &[SoakSample]) -> Vec<Minute> {
     let points: Vec<(f64, f64)> = samples
         .iter()
-        .filter_map(|s| Some((s["t_s"].as_f64()?, s["cpu_s"].as_f64()?)))
+        .filter_map(|s| Some((s.t_s, s.cpu_s?)))
         .collect();
     let mut out = Vec::new();
     let mut minute = 0;
@@ -861,12 +958,12 @@ fn cpu_per_minute(samples: &[Value]) -> Vec<Value> {
             break;
         };
         if last.0 - first.0 > 1.0 {
-            out.push(json!({
-                "minute": minute,
-                "cpu_s": last.1 - first.1,
-                "span_s": last.0 - first.0,
-                "cpu_share": (last.1 - first.1) / (last.0 - first.0),
-            }));
+            out.push(Minute {
+                minute,
+                cpu_s: last.1 - first.1,
+                span_s: last.0 - first.0,
+                cpu_share: (last.1 - first.1) / (last.0 - first.0),
+            });
         }
         minute += 1;
     }
@@ -913,14 +1010,121 @@ mod tests {
     }
 
     #[test]
+    fn quick_shortens_every_part() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let args = |extra: &[&str]| {
+            Cli::parse_from(
+                ["validate", "--duration", "40", "--soak", "600"]
+                    .iter()
+                    .chain(extra),
+            )
+            .args
+        };
+        let full = Timing::of(&args(&[]));
+        assert_eq!(
+            (full.accuracy_s, full.soak_s, full.find_max_step_s),
+            (40.0, 600.0, 2.0)
+        );
+        let quick = Timing::of(&args(&["--quick"]));
+        assert_eq!(
+            (quick.accuracy_s, quick.window_s, quick.mode_window_s),
+            (5.0, 3.0, 2.0)
+        );
+        assert_eq!(
+            (quick.loss_s, quick.soak_s, quick.find_max_step_s),
+            (3.0, 30.0, 1.0)
+        );
+    }
+
+    fn window(index: u64, cpu: f64, hits: Option<Hits>) -> WindowRecord {
+        WindowRecord {
+            index,
+            arm: session::analysis::ab::arm_of(index as usize),
+            p50_us: Some(100.0),
+            p99_us: Some(200.0),
+            p999_us: Some(300.0),
+            max_us: None,
+            ok: 1000,
+            errors: Default::default(),
+            achieved_rate: None,
+            gateway_cpu_s: None,
+            gateway_cpu_us_per_request: Some(cpu),
+            gateway_cpu_share: None,
+            cpu0_busy: Some(0.5),
+            tracer_cpu_cores: Some(0.05),
+            tracer_bpf_ns_per_request: None,
+            tracer_lost_events: None,
+            tracer_requests: None,
+            tracer_hits_per_request: hits,
+        }
+    }
+
+    #[test]
+    fn a_mode_costs_its_medians_and_its_calibrated_hits() {
+        let hits = Hits {
+            sites: Some(10.0),
+            syscalls: Some(4.0),
+            sock: Some(2.0),
+            sched: Some(6.0),
+            samples: Some(0.0),
+        };
+        // U T T U: untraced 100 and 102, traced 110 and 112.
+        let windows = [
+            window(0, 100.0, None),
+            window(1, 110.0, Some(hits)),
+            window(2, 112.0, Some(hits)),
+            window(3, 102.0, None),
+        ];
+        let path = crate::workspace::root().join("profiles/validation-2026-12-02-verdict");
+        let recorded: session::validation::Validation =
+            crate::workspace::read_json(&path.join(VALIDATION_JSON)).unwrap();
+        let mut cal = recorded.calibration.unwrap();
+        cal.ns_per_hit = [("site", 100.0), ("syscall", 50.0), ("sock", 10.0)]
+            .into_iter()
+            .map(|(k, ns)| (k.to_owned(), Some(ns)))
+            .chain([("sched".to_owned(), None)])
+            .collect();
+        let m = mode_cost("lean (default)", &[], &windows, Some(&cal), 5000.0);
+        assert_eq!(m.windows_per_arm, 2);
+        assert_eq!(m.gateway_cpu_us_per_request.untraced, Some(101.0));
+        assert_eq!(m.gateway_cpu_us_per_request.traced, Some(111.0));
+        assert_eq!(m.cpu_ratio, Some(111.0 / 101.0));
+        // sched is unmeasured: left out of the sum, not a NaN.
+        assert_eq!(
+            m.probe_ns_per_request,
+            Some(10.0 * 100.0 + 4.0 * 50.0 + 2.0 * 10.0)
+        );
+        assert_eq!(m.hits_per_request, Some(hits));
+        assert_eq!(
+            mode_cost("x", &[], &windows, None, 0.0).probe_ns_per_request,
+            None
+        );
+        let floor = mode_cost(SKIP_SITES.0, SKIP_SITES.1, &windows, Some(&cal), 1.0);
+        assert_eq!(
+            (floor.hits_per_request, floor.probe_ns_per_request),
+            (None, None)
+        );
+    }
+
+    #[test]
     fn cpu_per_minute_from_samples() {
-        let samples: Vec<Value> = (0..=12)
-            .map(|i| json!({"t_s": i as f64 * 10.0, "cpu_s": i as f64 * 0.5}))
+        let samples: Vec<SoakSample> = (0..=12)
+            .map(|i| SoakSample {
+                t_s: i as f64 * 10.0,
+                cpu_s: Some(i as f64 * 0.5),
+                rss_kib: None,
+                hwm_kib: None,
+            })
             .collect();
         let minutes = cpu_per_minute(&samples);
         assert_eq!(minutes.len(), 2);
-        assert_eq!(minutes[0]["cpu_s"], 3.0);
-        assert_eq!(minutes[1]["cpu_share"], 0.05);
+        assert_eq!(minutes[0].cpu_s, 3.0);
+        assert_eq!(minutes[1].cpu_share, 0.05);
     }
 
     #[test]
@@ -932,8 +1136,11 @@ mod tests {
         )
         .unwrap();
         let none = complete_requests_crossing_loss(dir.path(), &json!({})).unwrap();
-        assert_eq!(none, Value::Null);
+        assert_eq!(none, None);
         let b = json!({"loss_spans": [[150, 160], [500, 600]]});
-        assert_eq!(complete_requests_crossing_loss(dir.path(), &b).unwrap(), 1);
+        assert_eq!(
+            complete_requests_crossing_loss(dir.path(), &b).unwrap(),
+            Some(1)
+        );
     }
 }

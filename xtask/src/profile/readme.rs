@@ -653,7 +653,7 @@ pub(crate) mod tests {
             max_rate_source: "--max-rate".to_owned(),
             target_rate: 0.25 * 16158.1,
             pinning: vec![("gateway".to_owned(), "0".to_owned(), "0".to_owned())],
-            machine: crate::machine::Machine::collect(),
+            machine: crate::machine::collect(),
             compare: Some("../then/README.md".to_owned()),
         };
         let readme = write(&dir, &facts).unwrap();

@@ -7,11 +7,10 @@
 //! - [`crosscheck`]: fsync durations and run-queue delays aggregated straight from a raw event
 //!   dump, deliberately without the rebuild model, to compare with what the model reports.
 //!
-//! Everything here reads files and returns numbers; `cargo xtask validate` runs the sessions.
+//! Everything here reads files and returns numbers; `cargo xtask validate` and `profile` run
+//! the sessions and call these directly.
 
 pub mod ab;
 pub mod accuracy;
-pub mod cost;
 pub mod crosscheck;
 pub mod dist;
-pub mod hooks;

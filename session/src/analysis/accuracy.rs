@@ -5,13 +5,15 @@
 //! (latency = received − sent, not from the scheduled time) is then the loopback and client
 //! stack time, and is never negative unless the tracer is wrong.
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::BufRead;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
-use super::dist::Dist;
+use super::dist::{Dist, DistUs};
 
 /// One row of loadgen's per-request CSV.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,12 +140,16 @@ pub fn read_incomplete_csv(input: impl BufRead) -> Result<Vec<(u64, String)>> {
 /// How many offending request ids to keep as examples.
 const EXAMPLES: usize = 10;
 
-#[derive(Clone, Debug, Default, PartialEq)]
+/// The join, as validation.json holds it (`accuracy.join`, and each loss run's `accuracy`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Accuracy {
     /// Requests answered (status ≠ 0) on the client and complete in the tracer.
     pub matched: u64,
     /// `(received − sent) − (t_done − t_arrive)` over matched requests.
-    pub gap: Dist,
+    pub client_minus_tracer: DistUs,
+    /// Matched requests whose gap is negative.
+    pub negative: u64,
     /// Matched requests whose gap is negative, first few ids.
     pub negative_ids: Vec<u64>,
     /// `t_arrive < sent`: the tracer saw the request arrive before the client sent it.
@@ -154,52 +160,20 @@ pub struct Accuracy {
     pub status_mismatch: u64,
     /// Client rows without a response (transport error, timeout): nothing to trace.
     pub client_unanswered: u64,
-    /// Answered on the client, not complete in the tracer, by client status.
+    /// Answered on the client, not complete in the tracer.
+    pub client_only: u64,
+    /// The same, by client status.
     pub client_only_by_status: BTreeMap<u16, u64>,
     /// Of those, listed in the tracer's incomplete.csv, by reason.
     pub client_only_incomplete: BTreeMap<String, u64>,
+    /// 200 responses on the client that the tracer did not report complete.
+    pub untraced_ok: u64,
     /// Answered with 200 on the client, not complete in the tracer: first few ids.
     pub untraced_ok_ids: Vec<u64>,
     /// Complete in the tracer with an id the client never sent (or got no answer for).
     pub tracer_only: u64,
     /// Listed incomplete by the tracer, for ids the client sent.
     pub incomplete_of_client: u64,
-}
-
-impl Accuracy {
-    /// 200 responses on the client that the tracer did not report complete.
-    pub fn untraced_ok(&self) -> u64 {
-        self.client_only_by_status.get(&200).copied().unwrap_or(0)
-    }
-
-    pub fn client_only(&self) -> u64 {
-        self.client_only_by_status.values().sum()
-    }
-
-    pub fn to_json(&self) -> Value {
-        let by_status: serde_json::Map<String, Value> = self
-            .client_only_by_status
-            .iter()
-            .map(|(s, n)| (s.to_string(), json!(n)))
-            .collect();
-        json!({
-            "matched": self.matched,
-            "client_minus_tracer": self.gap.to_json(),
-            "negative": self.gap.negative,
-            "negative_ids": self.negative_ids,
-            "arrive_before_sent": self.arrive_before_sent,
-            "done_after_received": self.done_after_received,
-            "status_mismatch": self.status_mismatch,
-            "client_unanswered": self.client_unanswered,
-            "client_only": self.client_only(),
-            "client_only_by_status": by_status,
-            "client_only_incomplete": self.client_only_incomplete,
-            "untraced_ok": self.untraced_ok(),
-            "untraced_ok_ids": self.untraced_ok_ids,
-            "tracer_only": self.tracer_only,
-            "incomplete_of_client": self.incomplete_of_client,
-        })
-    }
 }
 
 fn keep(ids: &mut Vec<u64>, id: u64) {
@@ -218,9 +192,7 @@ pub fn join(client: &[ClientRow], traced: &[TracedRow], incomplete: &[(u64, Stri
         .collect();
     let mut answered: Vec<&ClientRow> = Vec::with_capacity(client.len());
     let mut gaps = Vec::with_capacity(traced.len());
-    let mut client_ids = std::collections::HashSet::with_capacity(client.len());
     for c in client {
-        client_ids.insert(c.request_id);
         if incomplete_by_id.contains_key(&c.request_id) {
             acc.incomplete_of_client += 1;
         }
@@ -231,7 +203,7 @@ pub fn join(client: &[ClientRow], traced: &[TracedRow], incomplete: &[(u64, Stri
         }
     }
     answered.sort_unstable_by_key(|c| c.request_id);
-    let mut answered_ids = std::collections::HashSet::with_capacity(answered.len());
+    let mut answered_ids = HashSet::with_capacity(answered.len());
     for c in answered {
         answered_ids.insert(c.request_id);
         let Some(t) = traced_by_id.get(&c.request_id) else {
@@ -262,8 +234,26 @@ pub fn join(client: &[ClientRow], traced: &[TracedRow], incomplete: &[(u64, Stri
         .iter()
         .filter(|t| !answered_ids.contains(&t.request_id))
         .count() as u64;
-    acc.gap = Dist::of(gaps);
+    let gap = Dist::of(gaps);
+    acc.client_minus_tracer = gap.to_us();
+    acc.negative = gap.negative;
+    acc.client_only = acc.client_only_by_status.values().sum();
+    acc.untraced_ok = acc.client_only_by_status.get(&200).copied().unwrap_or(0);
     acc
+}
+
+fn open(path: &Path) -> Result<BufReader<File>> {
+    Ok(BufReader::new(
+        File::open(path).with_context(|| format!("opening {}", path.display()))?,
+    ))
+}
+
+/// [`join`] of loadgen's `--requests-out` CSV with a session's requests.csv and incomplete.csv.
+pub fn join_files(client: &Path, requests: &Path, incomplete: &Path) -> Result<Accuracy> {
+    let client_rows = read_client_csv(open(client)?)?;
+    let traced = read_traced_csv(open(requests)?)?;
+    let incomplete = read_incomplete_csv(open(incomplete)?)?;
+    Ok(join(&client_rows, &traced, &incomplete))
 }
 
 #[cfg(test)]
@@ -336,18 +326,20 @@ mod tests {
         let incomplete = [(3, "events lost".to_owned())];
         let acc = join(&clients, &traced_rows, &incomplete);
         assert_eq!(acc.matched, 2);
-        assert_eq!((acc.gap.min_ns, acc.gap.max_ns), (-150, 150));
-        assert_eq!((acc.gap.negative, acc.negative_ids.clone()), (1, vec![2]));
+        let gap = acc.client_minus_tracer;
+        assert_eq!((gap.min_us, gap.max_us), (-0.15, 0.15));
+        assert_eq!((acc.negative, acc.negative_ids.clone()), (1, vec![2]));
         assert_eq!((acc.arrive_before_sent, acc.done_after_received), (1, 1));
         assert_eq!(acc.client_unanswered, 1);
-        assert_eq!(acc.untraced_ok(), 2);
+        assert_eq!(acc.untraced_ok, 2);
         assert_eq!(acc.untraced_ok_ids, vec![3, 6]);
-        assert_eq!(acc.client_only(), 3);
+        assert_eq!(acc.client_only, 3);
         assert_eq!(acc.client_only_incomplete.get("events lost"), Some(&1));
         assert_eq!((acc.tracer_only, acc.incomplete_of_client), (1, 1));
         assert_eq!(acc.status_mismatch, 0);
-        let v = acc.to_json();
+        let v = serde_json::to_value(&acc).unwrap();
         assert_eq!(v["client_only_by_status"]["503"], 1);
         assert_eq!(v["client_minus_tracer"]["negative"], 1);
+        assert_eq!(serde_json::from_value::<Accuracy>(v).unwrap(), acc);
     }
 }

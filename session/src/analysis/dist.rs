@@ -1,7 +1,9 @@
 //! Exact order statistics of a sample of signed ns values (validation sets are small enough to
 //! sort, and a negative gap must stay visible rather than clamp to 0).
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+
+use crate::stats::nearest_rank;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Dist {
@@ -17,47 +19,55 @@ pub struct Dist {
     pub negative: u64,
 }
 
-/// Nearest-rank quantile of sorted `v` (q in 0..=1).
-fn rank(sorted: &[i64], q: f64) -> i64 {
-    let n = sorted.len();
-    let k = ((q * n as f64).ceil() as usize).clamp(1, n);
-    sorted[k - 1]
+/// A [`Dist`] as validation.json holds it: µs with ns precision.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DistUs {
+    pub count: u64,
+    pub min_us: f64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub mean_us: f64,
+    pub negative: u64,
 }
 
 impl Dist {
     pub fn of(mut values: Vec<i64>) -> Dist {
-        if values.is_empty() {
-            return Dist::default();
-        }
         values.sort_unstable();
+        let (Some(&min_ns), Some(&max_ns)) = (values.first(), values.last()) else {
+            return Dist::default();
+        };
+        let rank = |permille| nearest_rank(&values, permille).expect("not empty");
         let sum: i128 = values.iter().map(|&v| i128::from(v)).sum();
         Dist {
             count: values.len() as u64,
-            min_ns: values[0],
-            p50_ns: rank(&values, 0.50),
-            p90_ns: rank(&values, 0.90),
-            p99_ns: rank(&values, 0.99),
-            p999_ns: rank(&values, 0.999),
-            max_ns: values[values.len() - 1],
+            min_ns,
+            p50_ns: rank(500),
+            p90_ns: rank(900),
+            p99_ns: rank(990),
+            p999_ns: rank(999),
+            max_ns,
             mean_ns: sum as f64 / values.len() as f64,
             negative: values.iter().filter(|&&v| v < 0).count() as u64,
         }
     }
 
-    /// The JSON shape used in validation.json: µs with ns precision.
-    pub fn to_json(&self) -> Value {
+    pub fn to_us(&self) -> DistUs {
         let us = |ns: i64| ns as f64 / 1000.0;
-        json!({
-            "count": self.count,
-            "min_us": us(self.min_ns),
-            "p50_us": us(self.p50_ns),
-            "p90_us": us(self.p90_ns),
-            "p99_us": us(self.p99_ns),
-            "p999_us": us(self.p999_ns),
-            "max_us": us(self.max_ns),
-            "mean_us": self.mean_ns / 1000.0,
-            "negative": self.negative,
-        })
+        DistUs {
+            count: self.count,
+            min_us: us(self.min_ns),
+            p50_us: us(self.p50_ns),
+            p90_us: us(self.p90_ns),
+            p99_us: us(self.p99_ns),
+            p999_us: us(self.p999_ns),
+            max_us: us(self.max_ns),
+            mean_us: self.mean_ns / 1000.0,
+            negative: self.negative,
+        }
     }
 }
 
@@ -79,5 +89,6 @@ mod tests {
         assert_eq!(Dist::of(Vec::new()), Dist::default());
         let d = Dist::of(vec![42]);
         assert_eq!((d.p50_ns, d.p999_ns, d.max_ns, d.min_ns), (42, 42, 42, 42));
+        assert_eq!(d.to_us().p50_us, 0.042);
     }
 }

@@ -1,5 +1,5 @@
 //! What `tracer record` does for validation, kept in one place so record.rs only forwards:
-//! the optional raw event dump (`--raw-events`, for `crosscheck`), the loss spans (so a
+//! the optional raw event dump (`--raw-events`, for the cross-check), the loss spans (so a
 //! validation can check no complete request crosses one), BPF run-time stats and the tracer's
 //! own cost, and the model's kernel figures. All land in breakdown.json as extra sections.
 
@@ -10,7 +10,7 @@ use serde_json::json;
 use tracer_ebpf::abi::Event;
 
 use super::cost::CostMeter;
-use super::crosscheck::RawDump;
+use super::raw_dump::RawDump;
 use crate::report::SessionWriter;
 use crate::requests::Rebuilder;
 

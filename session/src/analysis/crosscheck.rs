@@ -12,21 +12,23 @@
 //! proving a thread ran after a lost switch-in) is the first suspect.
 
 use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write as _;
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, Read};
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tracer_ebpf::abi::{Event, kind, syscall};
 use tracer_ebpf::sites::Site;
 
-use super::dist::Dist;
+use super::dist::{Dist, DistUs};
 
 /// Bytes of one record: `Event` as little-endian fields, no padding.
 pub const RECORD_BYTES: usize = 40;
 
-fn encode(e: &Event) -> [u8; RECORD_BYTES] {
+/// One event as a dump record (the tracer's `--raw-events` writer).
+pub fn encode(e: &Event) -> [u8; RECORD_BYTES] {
     let mut b = [0u8; RECORD_BYTES];
     b[0..8].copy_from_slice(&e.ts_ns.to_le_bytes());
     b[8..12].copy_from_slice(&e.tid.to_le_bytes());
@@ -46,33 +48,6 @@ fn decode(b: &[u8; RECORD_BYTES]) -> Event {
         kind: u16::from_le_bytes(b[12..14].try_into().expect("2 bytes")),
         sub: u16::from_le_bytes(b[14..16].try_into().expect("2 bytes")),
         args: [u64_at(16), u64_at(24), u64_at(32)],
-    }
-}
-
-/// Writes the raw dump: every event, in the order given, 40 bytes each.
-pub struct RawDump {
-    out: BufWriter<File>,
-    pub written: u64,
-}
-
-impl RawDump {
-    /// Creates `path` as a session's outputs are created (`overwrite`: `--overwrite`).
-    pub fn create(path: &Path, overwrite: bool) -> Result<RawDump> {
-        let file = crate::out_dir::create_file_at(path, overwrite)?;
-        Ok(RawDump {
-            out: BufWriter::with_capacity(1 << 20, file),
-            written: 0,
-        })
-    }
-
-    pub fn write(&mut self, event: &Event) -> io::Result<()> {
-        self.written += 1;
-        self.out.write_all(&encode(event))
-    }
-
-    pub fn finish(mut self) -> io::Result<u64> {
-        self.out.flush()?;
-        Ok(self.written)
     }
 }
 
@@ -107,22 +82,27 @@ enum RunState {
     Waiting(u64, bool),
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
+/// The independent figures, as validation.json holds them (`crosscheck.independent`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CrossCheck {
     pub events: u64,
     pub first_ts_ns: u64,
     pub last_ts_ns: u64,
     /// Threads that hit a batch/commit probe site.
     pub writer_tids: Vec<u32>,
-    pub fsync_writer: Dist,
-    pub fsync_other: Dist,
+    pub fsync_writer: DistUs,
+    #[serde(rename = "fsync_other_threads")]
+    pub fsync_other: DistUs,
     /// Both: what the model's writer log holds.
-    pub fsync_all: Dist,
+    #[serde(rename = "fsync")]
+    pub fsync_all: DistUs,
     /// Every run-queue delay.
-    pub runqueue: Dist,
-    pub runqueue_after_wakeup: Dist,
-    pub runqueue_after_preemption: Dist,
+    pub runqueue: DistUs,
+    pub runqueue_after_wakeup: DistUs,
+    pub runqueue_after_preemption: DistUs,
     /// SWITCH_IN of a thread whose previous state was never seen (start of the dump).
+    #[serde(rename = "switch_in_unknown_state")]
     pub switch_in_unknown: u64,
 }
 
@@ -194,99 +174,165 @@ pub fn check(mut events: Vec<Event>) -> CrossCheck {
         first_ts_ns: events.first().map_or(0, |e| e.ts_ns),
         last_ts_ns: events.last().map_or(0, |e| e.ts_ns),
         writer_tids: writers.into_iter().collect(),
-        fsync_writer: Dist::of(fsync_writer),
-        fsync_other: Dist::of(fsync_other),
-        fsync_all: Dist::of(fsync_all),
-        runqueue: Dist::of(all),
-        runqueue_after_wakeup: Dist::of(after_wakeup),
-        runqueue_after_preemption: Dist::of(after_preemption),
+        fsync_writer: Dist::of(fsync_writer).to_us(),
+        fsync_other: Dist::of(fsync_other).to_us(),
+        fsync_all: Dist::of(fsync_all).to_us(),
+        runqueue: Dist::of(all).to_us(),
+        runqueue_after_wakeup: Dist::of(after_wakeup).to_us(),
+        runqueue_after_preemption: Dist::of(after_preemption).to_us(),
         switch_in_unknown,
     }
 }
 
-impl CrossCheck {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "events": self.events,
-            "first_ts_ns": self.first_ts_ns,
-            "last_ts_ns": self.last_ts_ns,
-            "writer_tids": self.writer_tids,
-            "fsync_writer": self.fsync_writer.to_json(),
-            "fsync_other_threads": self.fsync_other.to_json(),
-            "fsync": self.fsync_all.to_json(),
-            "runqueue": self.runqueue.to_json(),
-            "runqueue_after_wakeup": self.runqueue_after_wakeup.to_json(),
-            "runqueue_after_preemption": self.runqueue_after_preemption.to_json(),
-            "switch_in_unknown_state": self.switch_in_unknown,
-        })
+/// One distribution of the model's `kernel` section of breakdown.json.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelDist {
+    pub count: u64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub mean_us: f64,
+}
+
+/// The model's side: breakdown.json's `kernel` section, the distributions compared here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
+pub struct ModelKernel {
+    pub fsync: Option<ModelDist>,
+    pub runqueue: Option<ModelDist>,
+    pub runqueue_after_wakeup: Option<ModelDist>,
+    pub runqueue_after_preemption: Option<ModelDist>,
+}
+
+/// model / independent of a few figures; `None` where either side has none, or the
+/// independent figure is 0 and the model's is not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ratios {
+    pub count: Option<f64>,
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+    pub max: Option<f64>,
+}
+
+/// One distribution from both sides.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pair {
+    pub independent: DistUs,
+    pub model: Option<ModelDist>,
+    pub model_over_independent: Ratios,
+}
+
+/// Side by side with the model, per distribution (`crosscheck.comparison` in validation.json).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Comparison {
+    pub fsync: Pair,
+    pub runqueue: Pair,
+    pub runqueue_after_wakeup: Pair,
+    pub runqueue_after_preemption: Pair,
+}
+
+impl Comparison {
+    /// The pairs with their names, in the order the table prints them.
+    pub fn named(&self) -> [(&'static str, &Pair); 4] {
+        [
+            ("fsync", &self.fsync),
+            ("runqueue", &self.runqueue),
+            ("runqueue_after_preemption", &self.runqueue_after_preemption),
+            ("runqueue_after_wakeup", &self.runqueue_after_wakeup),
+        ]
     }
 }
 
-/// The pairs compared: (name in the model's `kernel` section, this check's distribution).
-pub fn pairs(c: &CrossCheck) -> [(&'static str, &Dist); 4] {
-    [
-        ("fsync", &c.fsync_all),
-        ("runqueue", &c.runqueue),
-        ("runqueue_after_wakeup", &c.runqueue_after_wakeup),
-        ("runqueue_after_preemption", &c.runqueue_after_preemption),
-    ]
+/// What validation.json holds under `crosscheck`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Report {
+    pub comparison: Comparison,
+    pub independent: CrossCheck,
+}
+
+fn ratio(model: Option<f64>, independent: f64) -> Option<f64> {
+    match model? {
+        m if independent != 0.0 => Some(m / independent),
+        0.0 => Some(1.0),
+        _ => None,
+    }
+}
+
+fn pair(independent: DistUs, model: Option<ModelDist>) -> Pair {
+    Pair {
+        independent,
+        model,
+        model_over_independent: Ratios {
+            count: ratio(model.map(|m| m.count as f64), independent.count as f64),
+            p50: ratio(model.map(|m| m.p50_us), independent.p50_us),
+            p99: ratio(model.map(|m| m.p99_us), independent.p99_us),
+            max: ratio(model.map(|m| m.max_us), independent.max_us),
+        },
+    }
 }
 
 /// Side by side with the model's `kernel` section of breakdown.json: per pair, both
 /// distributions and model/independent ratios of count, p50, p99 and max.
-pub fn compare(c: &CrossCheck, model_kernel: &Value) -> Value {
-    let mut out = serde_json::Map::new();
-    for (name, dist) in pairs(c) {
-        let mine = dist.to_json();
-        let model = &model_kernel[name];
-        let ratio = |key: &str| match (model[key].as_f64(), mine[key].as_f64()) {
-            (Some(m), Some(i)) if i != 0.0 => json!(m / i),
-            (Some(0.0), Some(_)) => json!(1.0),
-            _ => Value::Null,
-        };
-        out.insert(
-            name.to_owned(),
-            json!({
-                "independent": mine,
-                "model": model.clone(),
-                "model_over_independent": {
-                    "count": ratio("count"),
-                    "p50": ratio("p50_us"),
-                    "p99": ratio("p99_us"),
-                    "max": ratio("max_us"),
-                },
-            }),
-        );
+pub fn compare(c: &CrossCheck, model: &ModelKernel) -> Comparison {
+    Comparison {
+        fsync: pair(c.fsync_all, model.fsync),
+        runqueue: pair(c.runqueue, model.runqueue),
+        runqueue_after_wakeup: pair(c.runqueue_after_wakeup, model.runqueue_after_wakeup),
+        runqueue_after_preemption: pair(
+            c.runqueue_after_preemption,
+            model.runqueue_after_preemption,
+        ),
     }
-    Value::Object(out)
 }
 
 /// A text table of [`compare`]'s output.
-pub fn table(comparison: &Value) -> String {
-    let mut text = format!(
-        "{:<27} {:<12} {:>9} {:>10} {:>10} {:>10} {:>10}\n",
-        "distribution", "source", "count", "p50 µs", "p99 µs", "max µs", "mean µs"
-    );
-    let Some(map) = comparison.as_object() else {
-        return text;
+pub fn table(comparison: &Comparison) -> String {
+    let mut text = String::new();
+    let mut row = |name: &str, source: &str, figures: [String; 5]| {
+        let [count, p50, p99, max, mean] = figures;
+        let _ = writeln!(
+            text,
+            "{name:<27} {source:<12} {count:>9} {p50:>10} {p99:>10} {max:>10} {mean:>10}"
+        );
     };
-    for (name, v) in map {
-        for source in ["independent", "model"] {
-            let d = &v[source];
-            let f = |k: &str| d[k].as_f64().map_or("-".to_owned(), |x| format!("{x:.1}"));
-            text += &format!(
-                "{:<27} {:<12} {:>9} {:>10} {:>10} {:>10} {:>10}\n",
-                name,
-                source,
-                d["count"]
-                    .as_u64()
-                    .map_or("-".to_owned(), |n| n.to_string()),
-                f("p50_us"),
-                f("p99_us"),
-                f("max_us"),
-                f("mean_us"),
-            );
-        }
+    row(
+        "distribution",
+        "source",
+        ["count", "p50 µs", "p99 µs", "max µs", "mean µs"].map(str::to_owned),
+    );
+    let us = |x: f64| format!("{x:.1}");
+    for (name, pair) in comparison.named() {
+        let d = pair.independent;
+        row(
+            name,
+            "independent",
+            [
+                d.count.to_string(),
+                us(d.p50_us),
+                us(d.p99_us),
+                us(d.max_us),
+                us(d.mean_us),
+            ],
+        );
+        let figures = pair.model.map_or_else(
+            || ["-"; 5].map(str::to_owned),
+            |m| {
+                [
+                    m.count.to_string(),
+                    us(m.p50_us),
+                    us(m.p99_us),
+                    us(m.max_us),
+                    us(m.mean_us),
+                ]
+            },
+        );
+        row(name, "model", figures);
     }
     text
 }
@@ -313,12 +359,9 @@ mod tests {
             ev(5, 1, kind::SYSCALL, syscall::FDATASYNC, [2, 9, u64::MAX]),
             ev(7, 2, kind::SWITCH_IN, 0, [0; 3]),
         ];
-        let mut dump = RawDump::create(&path, false).unwrap();
-        for e in &events {
-            dump.write(e).unwrap();
-        }
-        assert_eq!(dump.finish().unwrap(), 2);
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), 80);
+        let bytes: Vec<u8> = events.iter().flat_map(encode).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(bytes.len(), 80);
         assert_eq!(read_dump(&path).unwrap(), events);
         std::fs::write(&path, [0u8; 41]).unwrap();
         let err = read_dump(&path).unwrap_err().to_string();
@@ -346,30 +389,42 @@ mod tests {
         ];
         let c = check(events);
         assert_eq!(c.writer_tids, vec![w]);
-        assert_eq!((c.fsync_writer.count, c.fsync_writer.max_ns), (1, 180));
-        assert_eq!((c.fsync_other.count, c.fsync_other.max_ns), (1, 10));
-        assert_eq!(c.runqueue_after_preemption.max_ns, 25);
-        assert_eq!(c.runqueue_after_wakeup.max_ns, 40);
-        assert_eq!((c.runqueue.count, c.runqueue.min_ns), (2, 25));
+        assert_eq!((c.fsync_writer.count, c.fsync_writer.max_us), (1, 0.18));
+        assert_eq!((c.fsync_other.count, c.fsync_other.max_us), (1, 0.01));
+        assert_eq!(c.runqueue_after_preemption.max_us, 0.025);
+        assert_eq!(c.runqueue_after_wakeup.max_us, 0.04);
+        assert_eq!((c.runqueue.count, c.runqueue.min_us), (2, 0.025));
         assert_eq!(c.switch_in_unknown, 2);
         assert_eq!((c.first_ts_ns, c.last_ts_ns, c.events), (50, 510, 13));
         assert_eq!(c.fsync_all.count, 2);
 
-        let model = json!({
-            "fsync": {"count": 2, "p50_us": 0.01, "p99_us": 0.18, "max_us": 0.18},
-            "runqueue": {"count": 3, "p50_us": 0.025, "p99_us": 0.04, "max_us": 0.04},
-        });
+        let dist = |count, p50_us, p99_us| ModelDist {
+            count,
+            p50_us,
+            p90_us: p99_us,
+            p99_us,
+            p999_us: p99_us,
+            max_us: p99_us,
+            mean_us: p50_us,
+        };
+        let model: ModelKernel = serde_json::from_value(serde_json::json!({
+            "fsync": dist(2, 0.01, 0.18),
+            "runqueue": dist(3, 0.025, 0.04),
+            "runqueue_after_preemption": null,
+        }))
+        .unwrap();
         let cmp = compare(&c, &model);
-        assert_eq!(cmp["fsync"]["model_over_independent"]["count"], 1.0);
-        assert_eq!(cmp["runqueue"]["model_over_independent"]["count"], 1.5);
-        assert_eq!(
-            cmp["runqueue_after_wakeup"]["model_over_independent"]["p50"],
-            Value::Null
-        );
+        assert_eq!(cmp.fsync.model_over_independent.count, Some(1.0));
+        assert_eq!(cmp.runqueue.model_over_independent.count, Some(1.5));
+        assert_eq!(cmp.runqueue_after_wakeup.model_over_independent.p50, None);
         let text = table(&cmp);
         assert!(
             text.contains("fsync") && text.contains("independent"),
             "{text}"
         );
+        let wakeup_model = text
+            .lines()
+            .find(|l| l.starts_with("runqueue_after_wakeup ") && l.contains("model"));
+        assert!(wakeup_model.is_some_and(|l| l.ends_with(" -")), "{text}");
     }
 }
