@@ -206,6 +206,9 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     for mode in &session.modes {
         say!("tracer: attach {mode}");
     }
+    for warning in plan.warnings() {
+        say!("{warning}");
+    }
     // A fallback only when detection chose kprobes for attached syscalls, not when asked for.
     if plan.choice == crate::attach::detect::Choice::Auto
         && options.attaches(crate::attach::Group::Syscalls)
@@ -239,6 +242,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         ("kprobe", &detected.kprobe),
         ("syscall_tracepoints", &detected.syscall_tracepoints),
         ("sock_tracepoints", &detected.sock_tracepoints),
+        ("sched_raw_tracepoints", &detected.sched_raw_tracepoints),
+        ("sock_netns", &detected.sock_netns),
     ] {
         meta.attach_modes
             .insert(kind.to_owned(), availability.to_string());
@@ -354,15 +359,16 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     if unclaimed > 0 {
         say!(
             "tracer: WARNING {unclaimed} connections reached the listening port(s) and were never \
-             served by the target (another network namespace on the same port?)"
+             served by the target (not accepted before the session ended, another process on the \
+             same port, or another network namespace where the match is by port alone)"
         );
     }
     let evicted = crate::events::drops::target_socks_evicted_at_least(&kernel_drops);
     if evicted > 0 {
         say!(
             "tracer: WARNING at least {evicted} sockets were evicted from the kernel's set of the \
-             target's sockets (full with sockets of other network namespaces on the listening \
-             port?); their data arrivals until the next read were not seen"
+             target's sockets (more open at once than it holds); their data arrivals until the \
+             next read were not seen"
         );
     }
     let mut drops_json = crate::events::drops::to_json(&kernel_drops);

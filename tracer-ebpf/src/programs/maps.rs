@@ -7,7 +7,7 @@ use core::{
 
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
@@ -159,6 +159,14 @@ pub fn field<T: Copy>(ctx: &aya_ebpf::programs::TracePointContext, field: Field)
     // SAFETY: tracepoint contexts are readable in place for the record's size; the offset is a
     // compile-time constant the user side checked against the tracepoint's format file.
     unsafe { core::ptr::read(ctx.as_ptr().cast::<u8>().add(field.offset).cast::<T>()) }
+}
+
+/// Reads a `T` at `offset` bytes into the kernel object at `base`; the default (0) when it
+/// cannot be read.
+#[inline(always)]
+pub fn read_kernel<T: Copy + Default>(base: u64, offset: u32) -> T {
+    // SAFETY: bpf_probe_read_kernel checks the address itself and fails rather than faults.
+    unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const T) }.unwrap_or_default()
 }
 
 /// A stack id, or -1 when the stack could not be taken (the event still goes out).

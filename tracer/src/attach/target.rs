@@ -127,6 +127,16 @@ impl Target {
         Ok(cpus)
     }
 
+    /// The inode number of the target's network namespace, as the kernel's `ns.inum`.
+    pub fn netns(&self) -> anyhow::Result<u32> {
+        use std::os::unix::fs::MetadataExt as _;
+        let path = format!("/proc/{}/ns/net", self.pid);
+        let inode = fs::metadata(&path)
+            .with_context(|| format!("reading {path}"))?
+            .ino();
+        u32::try_from(inode).with_context(|| format!("{path}: inode {inode} is not a u32"))
+    }
+
     /// Local ports of TCP sockets in LISTEN state that are open in this process.
     pub fn listen_ports(&self) -> anyhow::Result<Vec<u16>> {
         let inodes = socket_inodes(self.pid.get())?;

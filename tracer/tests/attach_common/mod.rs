@@ -123,8 +123,31 @@ pub fn fixture_main(secs: f64) {
     client.join().unwrap();
 }
 
+/// With this set, the fixture only listens, on 127.0.0.1 (no client, no accept), until killed.
+pub const LISTEN_ONLY_ENV: &str = "TRACER_FIXTURE_LISTEN_ONLY";
+
+/// The listen-only fixture's body.
+pub fn listen_only_main() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("listening {}", listener.local_addr().unwrap());
+    std::io::stdout().flush().unwrap();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 /// Starts the fixture for `secs` and waits until it listens.
 pub fn spawn_fixture(test_binary: &Path, secs: f64) -> Child {
+    spawn_fixture_with(test_binary, FIXTURE_ENV, &secs.to_string()).0
+}
+
+/// Starts the listen-only fixture; returns it and its address.
+pub fn spawn_listen_only(test_binary: &Path) -> (Child, std::net::SocketAddr) {
+    let (child, addr) = spawn_fixture_with(test_binary, LISTEN_ONLY_ENV, "1");
+    (child, addr.parse().expect("the fixture's address"))
+}
+
+fn spawn_fixture_with(test_binary: &Path, env: &str, value: &str) -> (Child, String) {
     let mut child = Command::new(test_binary)
         .args([
             "--exact",
@@ -132,25 +155,25 @@ pub fn spawn_fixture(test_binary: &Path, secs: f64) -> Child {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(FIXTURE_ENV, secs.to_string())
+        .env(env, value)
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawning the fixture");
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
-    loop {
+    let addr = loop {
         let line = lines
             .next()
             .expect("fixture ended before listening")
             .unwrap();
         // libtest prints `test fixture_child ... ` on the same line first.
-        if line.contains("listening ") {
-            break;
+        if let Some((_, addr)) = line.split_once("listening ") {
+            break addr.trim().to_owned();
         }
-    }
+    };
     // Keep draining so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    child
+    (child, addr)
 }
 
 /// Records a fresh fixture (the test binary `me`) with [`record_args`] and `extra`, which
@@ -174,13 +197,17 @@ pub fn attach_choice() -> String {
     std::env::var("TRACER_ATTACH").unwrap_or_else(|_| "auto".to_owned())
 }
 
-/// The mode syscalls and sockets should be attached with under [`attach_choice`] on this
-/// kernel, as the tracer's own detection picks it.
-pub fn expected_kinds() -> (String, String) {
+/// The modes (sched, syscalls, sockets) the groups should be attached with under
+/// [`attach_choice`] on this kernel, as the tracer's own detection picks them.
+pub fn expected_kinds() -> (String, String, String) {
     let choice = clap::ValueEnum::from_str(&attach_choice(), false)
         .expect("TRACER_ATTACH: auto, tracepoint, kprobe or fentry");
     let plan = tracer::attach::detect::Plan::new(choice).expect("detecting attach modes");
-    (plan.syscalls.to_string(), plan.sockets.to_string())
+    (
+        plan.sched.as_str().to_owned(),
+        plan.syscalls.to_string(),
+        plan.sockets.to_string(),
+    )
 }
 
 /// A tracer running in the background whose stderr is collected; [`Self::wait_ready`] blocks
