@@ -130,9 +130,8 @@ pub struct Drops {
     pub tids_full: u64,
     /// A syscall's enter could not be stored in IN_FLIGHT (map full): its exit emits nothing.
     pub in_flight_full: u64,
-    /// `bpf_get_stackid` failed (hash bucket taken by another stack, or a stack that could
-    /// not be walked): the event went out with stack id -1. A sample in user mode takes no
-    /// kernel stack and counts nothing here.
+    /// A stack could not be taken (not walkable, or STACKS full): the event went out with
+    /// stack id -1. A sample in user mode takes no kernel stack and counts nothing here.
     pub stack_failed: u64,
     /// Submits that woke the reader because the ring was fuller than `Config::wakeup_bytes`.
     pub forced_wakeups: u64,
@@ -143,6 +142,23 @@ pub struct Drops {
     pub socks_added: u64,
     pub socks_removed: u64,
 }
+
+/// Frames kept of a stack: the kernel's PERF_MAX_STACK_DEPTH.
+pub const STACK_FRAMES: usize = 127;
+
+/// STACKS's default capacity (`--stack-entries`).
+pub const STACK_ENTRIES: u32 = 16384;
+
+/// One stack in STACKS: instruction pointers, innermost first, then zeroes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stack {
+    pub ips: [u64; STACK_FRAMES],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), an array of u64s.
+unsafe impl aya::Pod for Stack {}
 
 /// TARGET_SOCKS's capacity.
 pub const TARGET_SOCKS_ENTRIES: u32 = 65536;

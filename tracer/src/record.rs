@@ -180,6 +180,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let options = Options {
         sample_hz: args.sample_hz,
         ring_bytes: args.ring_mib << 20,
+        stack_entries: args.stack_entries,
         offcpu_stacks: args.offcpu_stacks,
         phases: args.phases,
         skip: args.skip.clone(),
@@ -347,10 +348,9 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         );
     }
     if kernel_drops.stack_failed > 0 {
-        // Without BPF_F_REUSE_STACKID a stack whose hash bucket holds another stack is not
-        // stored (reusing would repoint ids already sent); a stack can also fail to walk.
+        // Ids are hashes of the frames: only a full STACKS map or a failed walk loses one.
         say!(
-            "tracer: {} stack walks failed (bucket held by another stack, or not walkable); \
+            "tracer: {} stacks not taken (STACKS full, or not walkable); \
              those samples and switch-outs are drawn as {}",
             kernel_drops.stack_failed,
             crate::flame::fold::NO_STACK,

@@ -12,11 +12,12 @@
 //!   program's `recursion_misses`.
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::BPF_F_USER_STACK,
     helpers::bpf_get_smp_processor_id,
     macros::{map, raw_tracepoint, tracepoint},
     maps::LruHashMap,
-    programs::{RawTracePointContext, TracePointContext, tracing::StackIdContext},
+    programs::{RawTracePointContext, TracePointContext},
 };
 use tracer_ebpf::{
     abi::{Config, kind, switch},
@@ -28,8 +29,8 @@ use tracer_ebpf::{
 
 use super::{
     maps::{
-        TIDS, add_target_tid, config, current, current_target_tid, emit, field, is_target_tid, now,
-        read_kernel, stack_id,
+        STACK_SLOT_SWITCH, TIDS, add_target_tid, config, current, current_target_tid, emit, field,
+        is_target_tid, now, read_kernel, stack_id,
     },
     syscalls::IN_FLIGHT,
 };
@@ -53,7 +54,7 @@ fn cpu() -> u32 {
 /// What the common switch code asks of a variant. Prev's state and next's name are asked only
 /// at the target's switch-outs, so the raw variant reads them from memory only then.
 trait Switch {
-    type Ctx: StackIdContext;
+    type Ctx: EbpfContext;
     fn ctx(&self) -> &Self::Ctx;
     /// The task switched in (`next_pid`); 0 is the idle task.
     fn next_tid(&self) -> u32;
@@ -172,8 +173,8 @@ fn switch(config: &Config, args: &impl Switch) -> u32 {
         let runnable = u16::from(args.runnable());
         let (kernel_stack, user_stack) = if config.flags & Config::OFFCPU_STACKS != 0 {
             (
-                stack_id(args.ctx(), 0),
-                stack_id(args.ctx(), u64::from(BPF_F_USER_STACK)),
+                stack_id(args.ctx(), STACK_SLOT_SWITCH, 0),
+                stack_id(args.ctx(), STACK_SLOT_SWITCH, u64::from(BPF_F_USER_STACK)),
             )
         } else {
             (-1i64 as u64, -1i64 as u64)

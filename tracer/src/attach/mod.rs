@@ -21,9 +21,9 @@ use std::{fmt, os::fd::AsFd as _};
 use anyhow::{Context as _, bail};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
 };
-use tracer_ebpf::abi::{Config, Drops, Loss};
+use tracer_ebpf::abi::{Config, Drops, Loss, Stack};
 
 use self::target::Target;
 
@@ -58,6 +58,8 @@ pub struct Options {
     pub sample_hz: u64,
     /// Ring buffer size: a power of two, at least a page.
     pub ring_bytes: u32,
+    /// STACKS's capacity: distinct stacks kept.
+    pub stack_entries: u32,
     pub offcpu_stacks: bool,
     /// Attach the `phase` site too, for per-phase on-CPU parts.
     pub phases: bool,
@@ -142,6 +144,7 @@ impl Session {
 
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", options.ring_bytes)
+            .map_max_entries("STACKS", options.stack_entries)
             .load(OBJECT)
             .context("loading the eBPF object")?;
 
@@ -320,9 +323,9 @@ impl Session {
         Ok(PerCpuArray::try_from(take(&mut self.ebpf, "DROPS")?)?)
     }
 
-    /// The stack-trace map; stack ids of the session's events keep resolving after detach.
-    pub fn take_stacks(&mut self) -> anyhow::Result<StackTraceMap<MapData>> {
-        Ok(StackTraceMap::try_from(take(&mut self.ebpf, "STACKS")?)?)
+    /// The stacks map (`abi::Stack` by id); stack ids of the session's events keep resolving after detach.
+    pub fn take_stacks(&mut self) -> anyhow::Result<HashMap<MapData, u64, Stack>> {
+        Ok(HashMap::try_from(take(&mut self.ebpf, "STACKS")?)?)
     }
 
     /// Detaches every link and unloads every program (what dropping does, said out loud).
