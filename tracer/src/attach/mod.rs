@@ -159,7 +159,7 @@ impl Session {
             tgid: target.pid.get(),
             flags,
             wakeup_bytes: options.wakeup_bytes(),
-            netns: if plan.netns_match { target.netns()? } else { 0 },
+            netns: if plan.netns_match { target.netns } else { 0 },
             offsets: plan.detected.offsets,
         };
         Array::<_, Config>::try_from(map(&mut ebpf, "CONFIG")?)?.set(0, config, 0)?;
