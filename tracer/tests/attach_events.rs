@@ -162,14 +162,16 @@ fn item7_tids_not_readded_at_exit() {
     if !require_root("item7_tids_not_readded_at_exit") {
         return;
     }
-    for (choice, kind) in [
-        (Choice::Auto, SchedKind::RawTracepoint),
-        (Choice::Tracepoint, SchedKind::Tracepoint),
-    ] {
-        let plan = Plan::new(choice).unwrap();
-        assert_eq!(plan.sched, kind);
-        tids_not_readded_at_exit(&plan);
-    }
+    let raw = Plan::new(Choice::Auto).unwrap();
+    assert_eq!(raw.sched, SchedKind::RawTracepoint);
+    tids_not_readded_at_exit(&raw);
+    // The classic ones, as `--attach tracepoint` attaches them; only the sched group is
+    // attached, so syscalls and sockets keep their modes (the sock tracepoints are 6.3+).
+    let classic = Plan {
+        sched: SchedKind::Tracepoint,
+        ..raw
+    };
+    tids_not_readded_at_exit(&classic);
 }
 
 fn tids_not_readded_at_exit(plan: &tracer::attach::detect::Plan) {
@@ -323,7 +325,7 @@ fn stacks_are_not_lost_to_hash_collisions() {
     let mut fixture = spawn_fixture(&me, 600.0);
     let target = Target::open(fixture.id()).unwrap();
     let options = Options {
-        sample_hz: 997,
+        sample_hz: 299,
         ring_bytes: 1 << 22,
         stack_entries: ENTRIES,
         offcpu_stacks: true,
@@ -338,7 +340,7 @@ fn stacks_are_not_lost_to_hash_collisions() {
     let stacks = session.take_stacks().unwrap();
 
     let mut ids = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let deadline = std::time::Instant::now() + Duration::from_secs(6);
     while std::time::Instant::now() < deadline {
         while let Some(item) = ring.next() {
             // SAFETY: every record in the ring is one `Event`, written by the kernel programs.
@@ -371,10 +373,10 @@ fn stacks_are_not_lost_to_hash_collisions() {
         ids.len()
     );
     // Enough that a bucket per hash would almost surely have collided (expected colliding
-    // pairs ~ n² / (2 × buckets): 6 at 80, no collision then 1 time in 500; this fixture
-    // makes ~110 here, ~300 under emulation), and few enough to fit.
+    // pairs ~ n² / (2 × buckets): 4 at 64, no collision then 1 time in 50; this fixture
+    // makes ~100 here), and few enough to fit.
     assert!(
-        distinct >= 80,
+        distinct >= 64,
         "only {distinct} distinct stacks: too few to test collisions"
     );
     assert!(
