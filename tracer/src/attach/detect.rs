@@ -11,6 +11,7 @@ use anyhow::{Context as _, bail};
 use aya::{Btf, EbpfLoader, programs::FEntry};
 use tracer_ebpf::abi::Offsets;
 
+pub use super::hooks::SchedKind;
 use super::{OBJECT, btf, hooks::Kind, sched, sockets, syscalls, tracefs};
 
 /// `--attach`: let the tracer pick, or force one kind.
@@ -81,25 +82,6 @@ pub struct Detected {
     pub sock_netns: Availability,
     /// The offsets found; 0 for what is unavailable.
     pub offsets: Offsets,
-}
-
-/// How the scheduler programs are attached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SchedKind {
-    /// Each program has its own recursion guard: one runs even while another of ours does.
-    RawTracepoint,
-    /// They share `bpf_prog_active` with the syscall, socket and sample programs: the kernel
-    /// skips a wakeup that lands while one of those runs (counted in `recursion_misses`).
-    Tracepoint,
-}
-
-impl SchedKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SchedKind::RawTracepoint => "raw_tracepoint",
-            SchedKind::Tracepoint => "tracepoint",
-        }
-    }
 }
 
 /// The mode of each group with a choice, and what was found.

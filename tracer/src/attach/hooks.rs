@@ -14,7 +14,7 @@ use aya::{
 
 /// How a group of kernel hooks is attached. Sites are always uprobes and samples perf events;
 /// syscalls and sockets have a variant of each, the scheduler raw or classic tracepoints
-/// (`detect::SchedKind`).
+/// ([`SchedKind`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
     Tracepoint,
@@ -35,6 +35,25 @@ impl Kind {
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// How the scheduler programs are attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedKind {
+    /// Each program has its own recursion guard: one runs even while another of ours does.
+    RawTracepoint,
+    /// They share `bpf_prog_active` with the syscall, socket and sample programs: the kernel
+    /// skips a wakeup that lands while one of those runs (counted in `recursion_misses`).
+    Tracepoint,
+}
+
+impl SchedKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchedKind::RawTracepoint => "raw_tracepoint",
+            SchedKind::Tracepoint => "tracepoint",
+        }
     }
 }
 

@@ -11,8 +11,7 @@ use tracer_ebpf::{
 
 use super::{
     btf::Btf,
-    detect::SchedKind,
-    hooks::{Hook, Link},
+    hooks::{Hook, Link, SchedKind},
     tracefs,
 };
 
