@@ -280,13 +280,25 @@ pub fn leftover_uprobes(binary: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Of `ids`, those still loaded in the kernel.
+/// Of `ids`, those still loaded in the kernel a few seconds on. A raw tracepoint link drops
+/// its program only after an RCU grace period (tasks trace, since Linux 6.9), so the programs
+/// of a tracer that just exited can linger for a moment; none may stay.
 pub fn still_loaded(ids: &[u32]) -> Vec<u32> {
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .map(|info| info.id())
-        .filter(|id| ids.contains(id))
-        .collect()
+    let loaded = || -> Vec<u32> {
+        aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .map(|info| info.id())
+            .filter(|id| ids.contains(id))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = loaded();
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The ids from the tracer's `tracer: program ids 1,2,3` line.
