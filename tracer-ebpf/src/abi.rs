@@ -130,19 +130,35 @@ pub struct Drops {
     pub tids_full: u64,
     /// A syscall's enter could not be stored in IN_FLIGHT (map full): its exit emits nothing.
     pub in_flight_full: u64,
-    /// `bpf_get_stackid` failed (hash bucket taken by another stack, or a stack that could
-    /// not be walked): the event went out with stack id -1. A sample in user mode takes no
-    /// kernel stack and counts nothing here.
+    /// A stack could not be taken (not walkable, or STACKS full): the event went out with
+    /// stack id -1. A sample in user mode takes no kernel stack and counts nothing here.
     pub stack_failed: u64,
     /// Submits that woke the reader because the ring was fuller than `Config::wakeup_bytes`.
     pub forced_wakeups: u64,
     /// Sockets added to TARGET_SOCKS (new keys only) and removed from it at TCP_CLOSE. The
-    /// map is LRU and ESTABLISHED matches by port in any network namespace, so foreign sockets
-    /// can evict the target's; the kernel does not say when it evicts, but at least
+    /// map is LRU (ESTABLISHED matches the target's ports in its network namespace, or in any
+    /// where `Config::netns` is 0); the kernel does not say when it evicts, but at least
     /// `added - removed - TARGET_SOCKS_ENTRIES` entries were (see `events/drops.rs`).
     pub socks_added: u64,
     pub socks_removed: u64,
 }
+
+/// Frames kept of a stack: the kernel's PERF_MAX_STACK_DEPTH.
+pub const STACK_FRAMES: usize = 127;
+
+/// STACKS's default capacity (`--stack-entries`).
+pub const STACK_ENTRIES: u32 = 16384;
+
+/// One stack in STACKS: instruction pointers, innermost first, then zeroes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stack {
+    pub ips: [u64; STACK_FRAMES],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), an array of u64s.
+unsafe impl aya::Pod for Stack {}
 
 /// TARGET_SOCKS's capacity.
 pub const TARGET_SOCKS_ENTRIES: u32 = 65536;
@@ -162,6 +178,29 @@ pub struct Config {
     /// Events are submitted without waking the reader, which drains on a timer; once the ring
     /// holds more than this many bytes, a submit wakes it so that a burst is not lost.
     pub wakeup_bytes: u64,
+    /// The target's network namespace (the inode number of /proc/PID/ns/net): a connection
+    /// reaching ESTABLISHED on a listening port is the target's only in this namespace. 0: not
+    /// checked (the kernel's BTF did not give [`Offsets::sock_net`] and [`Offsets::net_inum`]).
+    pub netns: u32,
+    pub offsets: Offsets,
+}
+
+/// Byte offsets of kernel struct members the programs read with `bpf_probe_read_kernel`, from
+/// the kernel's BTF (user space, `attach/btf.rs`): the raw sched tracepoints get `task_struct`
+/// pointers, and the netns check follows a `struct sock`. 0 where unused (classic tracepoints).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Offsets {
+    /// `task_struct.pid` (the tid, an int).
+    pub task_pid: u32,
+    /// `task_struct.comm` (char[16]).
+    pub task_comm: u32,
+    /// `task_struct.exit_state` (an int: EXIT_ZOMBIE, EXIT_DEAD once past exit_notify).
+    pub task_exit_state: u32,
+    /// `sock.__sk_common.skc_net.net` (a `struct net *`).
+    pub sock_net: u32,
+    /// `net.ns.inum` (an unsigned int).
+    pub net_inum: u32,
 }
 
 impl Config {
@@ -173,7 +212,8 @@ impl Config {
 }
 
 #[cfg(feature = "user")]
-// SAFETY: repr(C), u32 + u32 + u64, no padding.
+// SAFETY: repr(C), u32 + u32 + u64 + u32 + five u32s (40 bytes, a multiple of its 8-byte
+// alignment), no padding.
 unsafe impl aya::Pod for Config {}
 
 #[cfg(test)]
@@ -184,5 +224,10 @@ mod tests {
     fn event_has_no_padding() {
         assert_eq!(core::mem::size_of::<Event>(), 40);
         assert_eq!(core::mem::align_of::<Event>(), 8);
+    }
+
+    #[test]
+    fn config_has_no_padding() {
+        assert_eq!(core::mem::size_of::<Config>(), 4 + 4 + 8 + 4 + 5 * 4);
     }
 }

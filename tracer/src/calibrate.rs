@@ -28,7 +28,7 @@
 //! `tcp_recvmsg`). The sock pair is AF_UNIX for tracepoints (they fire for every family, and
 //! no softirq sits between send and receive) and loopback TCP otherwise (those functions are
 //! TCP's).
-//! | sched | a context switch: two threads on one CPU `sched_yield` to each other | nothing attached | `sched_switch` | a SWITCH_OUT or SWITCH_IN event |
+//! | sched | a context switch: two threads on one CPU `sched_yield` to each other | nothing attached | `sched_switch` (raw or classic, as the session's) | a SWITCH_OUT or SWITCH_IN event |
 //!
 //! A sock hit carries the runs that emit nothing (send and receive with a known fd): in this
 //! loop two per DATA_READY, as in a gateway request (client receive and response send, upstream
@@ -424,7 +424,7 @@ pub fn run(plan: &Plan) -> anyhow::Result<Calibration> {
     let started = Instant::now();
     let cpu = calibration_cpu()?;
     tracefs::ensure_mounted()?;
-    attach::sched::check()?;
+    attach::sched::check(plan.sched)?;
     let mut probes = Probes::load(plan)?;
 
     let site = probes.kind(&[Hook::Site], &[kind::SITE], &[], || {
@@ -489,7 +489,10 @@ pub fn run(plan: &Plan) -> anyhow::Result<Calibration> {
     );
     let sock = sock.with_context(|| format!("calibrating the socket {}s", plan.sockets))?;
 
-    let switch = [Hook::tracepoint("sched", "sched_switch")];
+    let switch = [Hook::Kernel(attach::sched::hook(
+        plan.sched,
+        "sched_switch",
+    ))];
     let sched = probes.kind(&switch, &[kind::SWITCH_OUT, kind::SWITCH_IN], &[], || {
         yield_pair(cpu)
     });
@@ -510,12 +513,6 @@ pub fn run(plan: &Plan) -> anyhow::Result<Calibration> {
 enum Hook {
     Site,
     Kernel(hooks::Hook),
-}
-
-impl Hook {
-    fn tracepoint(category: &'static str, name: &str) -> Hook {
-        Hook::Kernel(hooks::Hook::tracepoint(category, name))
-    }
 }
 
 enum Link {
@@ -550,6 +547,8 @@ impl Probes {
             tgid: pid.get(),
             flags: 0,
             wakeup_bytes: u64::from(RING_BYTES) / 4,
+            netns: 0,
+            offsets: plan.detected.offsets,
         };
         let map = ebpf.map_mut("CONFIG").context("map CONFIG missing")?;
         Array::<_, Config>::try_from(map)?.set(0, config, 0)?;

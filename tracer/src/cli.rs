@@ -47,6 +47,10 @@ pub struct RecordArgs {
     /// 150k events/s, so a reader stall at 25% load loses nothing.
     #[arg(long, default_value_t = 64, value_parser = parse_ring_mib)]
     pub ring_mib: u32,
+    /// Distinct stacks the session keeps (kernel and user alike); a new stack past that many is
+    /// not taken, and counted (breakdown.json's `drops.stack_failed`).
+    #[arg(long, default_value_t = tracer_ebpf::abi::STACK_ENTRIES, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub stack_entries: u32,
     /// Take kernel and user stacks at every switch-out of a gateway thread (off-CPU flamegraphs).
     #[arg(long)]
     pub offcpu_stacks: bool,

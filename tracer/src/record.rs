@@ -181,6 +181,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let options = Options {
         sample_hz: args.sample_hz,
         ring_bytes: args.ring_mib << 20,
+        stack_entries: args.stack_entries,
         offcpu_stacks: args.offcpu_stacks,
         phases: args.phases,
         skip: args.skip.clone(),
@@ -206,6 +207,9 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     }
     for mode in &session.modes {
         say!("tracer: attach {mode}");
+    }
+    for warning in plan.warnings() {
+        say!("{warning}");
     }
     // A fallback only when detection chose kprobes for attached syscalls, not when asked for.
     if plan.choice == crate::attach::detect::Choice::Auto
@@ -240,6 +244,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         ("kprobe", &detected.kprobe),
         ("syscall_tracepoints", &detected.syscall_tracepoints),
         ("sock_tracepoints", &detected.sock_tracepoints),
+        ("sched_raw_tracepoints", &detected.sched_raw_tracepoints),
+        ("sock_netns", &detected.sock_netns),
     ] {
         meta.attach_modes
             .insert(kind.to_owned(), availability.to_string());
@@ -343,10 +349,9 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         );
     }
     if kernel_drops.stack_failed > 0 {
-        // Without BPF_F_REUSE_STACKID a stack whose hash bucket holds another stack is not
-        // stored (reusing would repoint ids already sent); a stack can also fail to walk.
+        // Ids are hashes of the frames: only a full STACKS map or a failed walk loses one.
         say!(
-            "tracer: {} stack walks failed (bucket held by another stack, or not walkable); \
+            "tracer: {} stacks not taken (STACKS full, or not walkable); \
              those samples and switch-outs are drawn as {}",
             kernel_drops.stack_failed,
             crate::flame::fold::NO_STACK,
@@ -355,15 +360,16 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     if unclaimed > 0 {
         say!(
             "tracer: WARNING {unclaimed} connections reached the listening port(s) and were never \
-             served by the target (another network namespace on the same port?)"
+             served by the target (not accepted before the session ended, another process on the \
+             same port, or another network namespace where the match is by port alone)"
         );
     }
     let evicted = crate::events::drops::target_socks_evicted_at_least(&kernel_drops);
     if evicted > 0 {
         say!(
             "tracer: WARNING at least {evicted} sockets were evicted from the kernel's set of the \
-             target's sockets (full with sockets of other network namespaces on the listening \
-             port?); their data arrivals until the next read were not seen"
+             target's sockets (more open at once than it holds); their data arrivals until the \
+             next read were not seen"
         );
     }
     let mut drops_json = crate::events::drops::to_model(&kernel_drops);

@@ -25,19 +25,21 @@ use blazesym::MaybeDefault;
 use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
 
-/// Where stack ids come from: the kernel's stack-trace map, or synthetic stacks in tests.
+/// Where stack ids come from: the kernel programs' STACKS map, or synthetic stacks in tests.
 /// Kernel and user stacks share one id space (one map).
 pub trait StackSource {
-    /// The instruction pointers of stack `id`, innermost first (as `bpf_get_stackid` stores
-    /// them); `None` for a negative id (no stack taken) or one the map no longer holds.
+    /// The instruction pointers of stack `id`, innermost first (as `bpf_get_stack` writes
+    /// them); `None` for a negative id (no stack taken) or one the map does not hold.
     fn stack(&self, id: i64) -> Option<Vec<u64>>;
 }
 
-impl<T: std::borrow::Borrow<aya::maps::MapData>> StackSource for aya::maps::StackTraceMap<T> {
+impl<T: std::borrow::Borrow<aya::maps::MapData>> StackSource
+    for aya::maps::HashMap<T, u64, tracer_ebpf::abi::Stack>
+{
     fn stack(&self, id: i64) -> Option<Vec<u64>> {
-        let id = u32::try_from(id).ok()?;
-        let trace = self.get(&id, 0).ok()?;
-        Some(trace.frames().iter().map(|frame| frame.ip).collect())
+        let id = u64::try_from(id).ok()?;
+        let stack = self.get(&id, 0).ok()?;
+        Some(stack.ips.into_iter().take_while(|&ip| ip != 0).collect())
     }
 }
 

@@ -14,6 +14,9 @@ fn fixture_child() {
     if let Ok(secs) = std::env::var(FIXTURE_ENV) {
         fixture_main(secs.parse().unwrap());
     }
+    if std::env::var_os(LISTEN_ONLY_ENV).is_some() {
+        listen_only_main();
+    }
 }
 
 #[test]
@@ -25,9 +28,16 @@ fn every_event_kind_arrives_and_detach_is_clean() {
     let stderr = record_fixture(&me, &["--duration", "3", "--offcpu-stacks"]);
     eprintln!("{stderr}");
 
-    let (syscalls, sockets) = expected_kinds();
+    let (sched, syscalls, sockets) = expected_kinds();
+    // Raw where the kernel's BTF has what they read: no machine this runs on lacks it.
+    let want_sched = if attach_choice() == "tracepoint" {
+        "tracepoint"
+    } else {
+        "raw_tracepoint"
+    };
+    assert_eq!(sched, want_sched);
     for (group, mode) in [
-        ("sched", "tracepoint"),
+        ("sched", sched.as_str()),
         ("syscalls", syscalls.as_str()),
         ("sockets", sockets.as_str()),
         ("sites", "uprobe"),
@@ -142,17 +152,28 @@ fn empty_programs_attach_every_hook_and_record_nothing() {
 
 /// Issue 21 item 7: a thread that exits leaves TIDS for good. Its last switch-out, after
 /// sched_process_exit removed it, used to add it back: here the fixture's two threads stayed in
-/// the map after the process had exited.
+/// the map after the process had exited. With the raw sched programs (which read the exit
+/// state from the task) and the classic ones (which get it in the record).
 #[test]
 fn item7_tids_not_readded_at_exit() {
-    use tracer::attach::{
-        Group, Options, Session,
-        detect::{Choice, Plan},
-        target::Target,
-    };
+    use tracer::attach::detect::{Choice, Plan, SchedKind};
     if !require_root("item7_tids_not_readded_at_exit") {
         return;
     }
+    let raw = Plan::new(Choice::Auto).unwrap();
+    assert_eq!(raw.sched, SchedKind::RawTracepoint);
+    tids_not_readded_at_exit(&raw);
+    // The classic ones, as `--attach tracepoint` attaches them; only the sched group is
+    // attached, so syscalls and sockets keep their modes (the sock tracepoints are 6.3+).
+    let classic = Plan {
+        sched: SchedKind::Tracepoint,
+        ..raw
+    };
+    tids_not_readded_at_exit(&classic);
+}
+
+fn tids_not_readded_at_exit(plan: &tracer::attach::detect::Plan) {
+    use tracer::attach::{Group, Options, Session, target::Target};
     let me = std::env::current_exe().unwrap();
     // Ends on its own (its client thread first) some seconds after listening.
     let mut fixture = spawn_fixture(&me, 10.0);
@@ -160,6 +181,7 @@ fn item7_tids_not_readded_at_exit() {
     let options = Options {
         sample_hz: 0,
         ring_bytes: 1 << 20,
+        stack_entries: tracer_ebpf::abi::STACK_ENTRIES,
         offcpu_stacks: false,
         phases: false,
         skip: vec![
@@ -170,8 +192,7 @@ fn item7_tids_not_readded_at_exit() {
         ],
         empty_programs: false,
     };
-    let session = Session::attach(&target, &options, &Plan::new(Choice::Tracepoint).unwrap())
-        .expect("attaching the sched group");
+    let session = Session::attach(&target, &options, plan).expect("attaching the sched group");
     assert!(
         !session.target_tids().unwrap().is_empty(),
         "threads seeded from /proc"
@@ -188,4 +209,181 @@ fn item7_tids_not_readded_at_exit() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(session.target_tids().unwrap(), Vec::<u32>::new());
     session.detach();
+}
+
+/// Issue 21 item 10: a connection that reaches ESTABLISHED on the target's listening port in
+/// another network namespace (here a thread of this test, in a namespace of its own with a
+/// listener on the same port) is not the target's: it used to enter TARGET_SOCKS, matched by
+/// port alone. A connection to the target itself still does.
+#[test]
+fn item10_other_netns_same_port_is_not_the_targets() {
+    use tracer::attach::{
+        Group, Options, Session,
+        detect::{Choice, Plan},
+        target::Target,
+    };
+    use tracer_ebpf::abi::{Event, kind};
+    if !require_root("item10_other_netns_same_port_is_not_the_targets") {
+        return;
+    }
+    let me = std::env::current_exe().unwrap();
+    let (mut fixture, addr) = spawn_listen_only(&me);
+    let target = Target::open(fixture.id()).unwrap();
+    let options = Options {
+        sample_hz: 0,
+        ring_bytes: 1 << 20,
+        stack_entries: tracer_ebpf::abi::STACK_ENTRIES,
+        offcpu_stacks: false,
+        phases: false,
+        skip: vec![Group::Syscalls, Group::Sched, Group::Sites, Group::Samples],
+        empty_programs: false,
+    };
+    let plan = Plan::new(Choice::Auto).unwrap();
+    assert!(plan.netns_match, "{:?}", plan.detected.sock_netns);
+    let mut session = Session::attach(&target, &options, &plan).expect("attaching sockets");
+    let mut ring = session.take_events().unwrap();
+
+    // Another namespace: connected and accepted (so its ESTABLISHED has fired) before ours.
+    std::thread::spawn(move || {
+        enter_new_netns_with_loopback();
+        let listener = std::net::TcpListener::bind(addr).expect("the same port, elsewhere");
+        let _client = std::net::TcpStream::connect(addr).unwrap();
+        listener.accept().unwrap();
+    })
+    .join()
+    .unwrap();
+    let _own = std::net::TcpStream::connect(addr).unwrap();
+
+    let mut established = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while established.is_empty() && std::time::Instant::now() < deadline {
+        while let Some(item) = ring.next() {
+            // SAFETY: every record in the ring is one `Event`, written by the kernel programs.
+            let event: Event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            if event.kind == kind::ESTABLISHED {
+                established.push(event.args[1]);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    fixture.kill().unwrap();
+    fixture.wait().unwrap();
+    session.detach();
+    assert_eq!(
+        established,
+        [u64::from(addr.port())],
+        "the target's connection only"
+    );
+}
+
+/// Moves the calling thread into a new network namespace and brings its loopback up.
+fn enter_new_netns_with_loopback() {
+    // SAFETY: affects only this thread's namespaces.
+    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+    // SAFETY: a plain socket for the interface ioctls, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+    assert!(fd >= 0);
+    // SAFETY: all zeroes is a valid ifreq; the name fits with its NUL.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: `ifr` names an interface and lives across both calls.
+    unsafe {
+        assert_eq!(libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr), 0);
+        ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        assert_eq!(libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr), 0);
+        libc::close(fd);
+    }
+}
+
+/// Issue 21 (every `drops` counter at 0): a session's stacks are not lost to hash collisions.
+/// The kernel's stack-trace map keys a stack by its hash's bucket and refuses one whose bucket
+/// holds another (-EEXIST, counted in `stack_failed`): with this many distinct stacks in this
+/// many buckets, some collide. Stacks kept by a hash of their frames are lost only to a full
+/// map, and each id names one stack.
+#[test]
+fn stacks_are_not_lost_to_hash_collisions() {
+    use std::collections::HashMap;
+
+    use tracer::{
+        attach::{
+            Group, Options, Session,
+            detect::{Choice, Plan},
+            target::Target,
+        },
+        symbolize::StackSource as _,
+    };
+    use tracer_ebpf::abi::{Event, kind};
+    if !require_root("stacks_are_not_lost_to_hash_collisions") {
+        return;
+    }
+    const ENTRIES: u32 = 512;
+    let me = std::env::current_exe().unwrap();
+    let mut fixture = spawn_fixture(&me, 600.0);
+    let target = Target::open(fixture.id()).unwrap();
+    let options = Options {
+        sample_hz: 299,
+        ring_bytes: 1 << 22,
+        stack_entries: ENTRIES,
+        offcpu_stacks: true,
+        phases: false,
+        skip: vec![Group::Syscalls, Group::Sockets, Group::Sites],
+        empty_programs: false,
+    };
+    let plan = Plan::new(Choice::Auto).unwrap();
+    let mut session = Session::attach(&target, &options, &plan).expect("attaching");
+    let mut ring = session.take_events().unwrap();
+    let drops = session.take_drops().unwrap();
+    let stacks = session.take_stacks().unwrap();
+
+    let mut ids = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(6);
+    while std::time::Instant::now() < deadline {
+        while let Some(item) = ring.next() {
+            // SAFETY: every record in the ring is one `Event`, written by the kernel programs.
+            let event: Event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            if matches!(event.kind, kind::SWITCH_OUT | kind::SAMPLE) {
+                ids.extend([event.args[0] as i64, event.args[1] as i64]);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    session.detach();
+    fixture.kill().unwrap();
+    fixture.wait().unwrap();
+
+    let failed: u64 = drops
+        .get(&0, 0)
+        .unwrap()
+        .iter()
+        .map(|d| d.stack_failed)
+        .sum();
+    let mut by_id: HashMap<i64, Vec<u64>> = HashMap::new();
+    for &id in ids.iter().filter(|&&id| id >= 0) {
+        let stack = stacks.stack(id).expect("every id sent resolves");
+        assert!(!stack.is_empty(), "stack {id} is empty");
+        by_id.insert(id, stack);
+    }
+    let distinct = by_id.len();
+    eprintln!(
+        "{} stack ids, {distinct} distinct stacks, {failed} not taken",
+        ids.len()
+    );
+    // Enough that a bucket per hash would almost surely have collided (expected colliding
+    // pairs ~ n² / (2 × buckets): 4 at 64, no collision then 1 time in 50; this fixture
+    // makes ~100 here), and few enough to fit.
+    assert!(
+        distinct >= 64,
+        "only {distinct} distinct stacks: too few to test collisions"
+    );
+    assert!(
+        distinct <= ENTRIES as usize,
+        "{distinct} distinct stacks cannot fit {ENTRIES} entries"
+    );
+    assert_eq!(failed, 0, "stacks not taken");
+    let mut unique: Vec<&Vec<u64>> = by_id.values().collect();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), distinct, "two ids name the same stack");
 }

@@ -40,7 +40,7 @@ fn a_function_of_the_test_binary_resolves_demangled_via_proc_self_maps() {
 fn a_stack_of_own_addresses_folds_root_first() {
     let leaf = own_address();
     let caller = a_stack_of_own_addresses_folds_root_first as fn() as usize as u64;
-    // bpf_get_stackid order: innermost first; the caller's entry is a return address + 1.
+    // bpf_get_stack order: innermost first; the caller's entry is a return address + 1.
     let stacks = HashMap::from([(5i64, vec![leaf + 1, caller + 1])]);
     let mut symbolizer = Symbolizer::for_process(std::process::id()).unwrap();
     let folded = symbolizer.user_stack(&stacks, 5).unwrap();

@@ -50,7 +50,7 @@ fn phase_stack(phase: Phase) -> i64 {
     100 + phase as i64
 }
 
-/// Stacks innermost first, as bpf_get_stackid gives them: the leaf, then a return address a
+/// Stacks innermost first, as bpf_get_stack gives them: the leaf, then a return address a
 /// few bytes into the phase frame (past its prologue, at its call).
 fn stacks() -> HashMap<i64, Vec<u64>> {
     let leaf = phase_work as fn(u64) -> u64 as usize as u64;

@@ -6,13 +6,17 @@ use core::{
 };
 
 use aya_ebpf::{
-    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    EbpfContext,
+    bindings::{BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use tracer_ebpf::{
-    abi::{Config, Drops, Event, LOSS_SLOT, Loss, TARGET_SOCKS_ENTRIES},
+    abi::{
+        Config, Drops, Event, LOSS_SLOT, Loss, STACK_ENTRIES, STACK_FRAMES, Stack,
+        TARGET_SOCKS_ENTRIES,
+    },
     tracepoints::Field,
 };
 
@@ -46,8 +50,23 @@ pub static TARGET_SOCKS: LruHashMap<u64, u64> =
 #[map]
 pub static LISTEN_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(64, 0);
 
+/// Stacks by id, the id a 63-bit hash of the frames: taken with `bpf_get_stack` and kept here
+/// by the programs rather than in a BPF_MAP_TYPE_STACK_TRACE, whose id is the hash's bucket:
+/// there, a stack whose bucket holds another one is not taken (-EEXIST), and with 16384
+/// buckets a session lost hundreds of stacks that way. Here only a full map loses one.
 #[map]
-pub static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
+pub static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(STACK_ENTRIES, 0);
+
+/// Where `bpf_get_stack` writes (a stack is too big for the 512-byte BPF stack): a slot per
+/// kind of caller, [`STACK_SLOT_SWITCH`] and [`STACK_SLOT_SAMPLE`], so that a program that
+/// interrupts another never writes into the slot the other is hashing.
+#[map]
+static STACK_SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(2, 0);
+
+/// sched_switch (runs with interrupts off, so nothing of ours takes a stack inside it).
+pub const STACK_SLOT_SWITCH: u32 = 0;
+/// The cpu-clock sample (hard IRQ; never nested in itself).
+pub const STACK_SLOT_SAMPLE: u32 = 1;
 
 /// The target's configuration; `None` before user space wrote `CONFIG`, or when the programs
 /// are to do nothing (`Config::EMPTY_PROGRAMS`). Every program asks this first.
@@ -161,14 +180,56 @@ pub fn field<T: Copy>(ctx: &aya_ebpf::programs::TracePointContext, field: Field)
     unsafe { core::ptr::read(ctx.as_ptr().cast::<u8>().add(field.offset).cast::<T>()) }
 }
 
-/// A stack id, or -1 when the stack could not be taken (the event still goes out).
+/// Reads a `T` at `offset` bytes into the kernel object at `base`; the default (0) when it
+/// cannot be read.
 #[inline(always)]
-pub fn stack_id<C: aya_ebpf::programs::tracing::StackIdContext>(ctx: &C, flags: u64) -> u64 {
-    match ctx.get_stackid(&STACKS, flags) {
-        Ok(id) => id as u64,
+pub fn read_kernel<T: Copy + Default>(base: u64, offset: u32) -> T {
+    // SAFETY: bpf_probe_read_kernel checks the address itself and fails rather than faults.
+    unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const T) }.unwrap_or_default()
+}
+
+/// FNV-1a's 64-bit parameters.
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// The id of the current stack (kernel, or user with `BPF_F_USER_STACK` in `flags`), kept in
+/// STACKS: a 63-bit hash of its frames, so non-negative as an i64. -1 (as u64) when it could not
+/// be taken, counted in `stack_failed` (the event still goes out).
+#[inline(always)]
+pub fn stack_id<C: EbpfContext>(ctx: &C, slot: u32, flags: u64) -> u64 {
+    const NONE: u64 = -1i64 as u64;
+    let Some(stack) = STACK_SCRATCH.get_ptr_mut(slot) else {
+        return NONE;
+    };
+    // SAFETY: `stack` is a live per-CPU map value of exactly `size_of::<Stack>()` bytes; the
+    // helper zeroes what the frames do not fill.
+    let len =
+        unsafe { bpf_get_stack(ctx.as_ptr(), stack.cast(), size_of::<Stack>() as u32, flags) };
+    if len <= 0 {
+        count_drop(offset_of!(Drops, stack_failed));
+        return NONE;
+    }
+    let frames = len as usize / size_of::<u64>();
+    // SAFETY: as above; only this program writes this slot on this CPU.
+    let stack = unsafe { &*stack };
+    let mut hash = FNV_OFFSET;
+    for i in 0..STACK_FRAMES {
+        if i >= frames {
+            break;
+        }
+        hash = (hash ^ stack.ips[i]).wrapping_mul(FNV_PRIME);
+    }
+    let id = hash >> 1;
+    // SAFETY: only tested for presence.
+    if unsafe { STACKS.get(id) }.is_some() {
+        return id;
+    }
+    match STACKS.insert(id, stack, u64::from(BPF_NOEXIST)) {
+        // -EEXIST: another CPU stored the same stack in between.
+        Ok(()) | Err(-17) => id,
         Err(_) => {
             count_drop(offset_of!(Drops, stack_failed));
-            -1i64 as u64
+            NONE
         }
     }
 }

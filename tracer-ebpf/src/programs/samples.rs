@@ -3,7 +3,7 @@
 use aya_ebpf::{bindings::BPF_F_USER_STACK, macros::perf_event, programs::PerfEventContext};
 use tracer_ebpf::abi::kind;
 
-use super::maps::{current_target_tid, emit, now, stack_id};
+use super::maps::{STACK_SLOT_SAMPLE, current_target_tid, emit, now, stack_id};
 
 #[perf_event]
 pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
@@ -15,9 +15,9 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
     let kernel_stack = if in_user_mode(&ctx) {
         -1i64 as u64
     } else {
-        stack_id(&ctx, 0)
+        stack_id(&ctx, STACK_SLOT_SAMPLE, 0)
     };
-    let user_stack = stack_id(&ctx, u64::from(BPF_F_USER_STACK));
+    let user_stack = stack_id(&ctx, STACK_SLOT_SAMPLE, u64::from(BPF_F_USER_STACK));
     emit(now(), tid, kind::SAMPLE, 0, [kernel_stack, user_stack, 0]);
     0
 }

@@ -1,9 +1,23 @@
-//! Scheduler tracepoints (classic, field offsets checked against tracefs at attach time):
-//! switch-out/in and wakeups of the target's threads, and forks and exits that keep `TIDS`.
+//! Scheduler hooks: switch-out/in and wakeups of the target's threads, and forks and exits
+//! that keep `TIDS`. Two variants of each, of which user space attaches one
+//! (`attach/detect.rs`):
+//!
+//! - raw tracepoints (`raw_*`), which get the tracepoint's arguments (`task_struct`
+//!   pointers, read at offsets from the kernel's BTF in `Config::offsets`). Each program has its
+//!   own recursion guard, so a wakeup from an interrupt that lands while another of our
+//!   programs runs on the CPU is still seen;
+//! - classic tracepoints (field offsets checked against tracefs at attach time), where there
+//!   is no BTF to take offsets from. They share the per-CPU `bpf_prog_active` with the syscall,
+//!   socket and sample programs: the kernel skips such a wakeup and only counts it in the
+//!   program's `recursion_misses`.
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK, helpers::bpf_get_smp_processor_id, macros::map, macros::tracepoint,
-    maps::LruHashMap, programs::TracePointContext,
+    EbpfContext,
+    bindings::BPF_F_USER_STACK,
+    helpers::bpf_get_smp_processor_id,
+    macros::{map, raw_tracepoint, tracepoint},
+    maps::LruHashMap,
+    programs::{RawTracePointContext, TracePointContext},
 };
 use tracer_ebpf::{
     abi::{Config, kind, switch},
@@ -15,8 +29,8 @@ use tracer_ebpf::{
 
 use super::{
     maps::{
-        TIDS, add_target_tid, config, current, current_target_tid, emit, field, is_target_tid, now,
-        stack_id,
+        STACK_SLOT_SWITCH, TIDS, add_target_tid, config, current, current_target_tid, emit, field,
+        is_target_tid, now, read_kernel, stack_id,
     },
     syscalls::IN_FLIGHT,
 };
@@ -37,49 +51,130 @@ fn cpu() -> u32 {
     unsafe { bpf_get_smp_processor_id() }
 }
 
-/// Sends the name of `pid`, a task outside the target, the first time it takes a target
-/// thread's CPU.
-#[inline(always)]
-fn name_once(ctx: &TracePointContext, ts: u64, pid: u32) {
-    // SAFETY: the value is a plain u8 and is only read, not kept.
-    if unsafe { NAMED.get(pid) }.is_some() {
-        return;
-    }
-    let _ = NAMED.insert(pid, 1, 0);
-    let low: u64 = field(ctx, SWITCH_NEXT_COMM);
-    let high: u64 = field(
-        ctx,
-        Field {
-            offset: SWITCH_NEXT_COMM.offset + 8,
-            ..SWITCH_NEXT_COMM
-        },
-    );
-    emit(ts, pid, kind::TASK_NAME, 0, [low, high, 0]);
+/// What the common switch code asks of a variant. Prev's state and next's name are asked only
+/// at the target's switch-outs, so the raw variant reads them from memory only then.
+trait Switch {
+    type Ctx: EbpfContext;
+    fn ctx(&self) -> &Self::Ctx;
+    /// The task switched in (`next_pid`); 0 is the idle task.
+    fn next_tid(&self) -> u32;
+    /// Prev was still runnable: preempted ("R+") or yielded ("R").
+    fn runnable(&self) -> bool;
+    /// Prev switched out for the last time ("X" EXIT_DEAD, "Z" EXIT_ZOMBIE).
+    fn exiting(&self) -> bool;
+    /// Next's comm, as two u64s.
+    fn next_comm(&self) -> [u64; 2];
 }
 
 /// A task switched out with none of the sleep-state bits (below TASK_REPORT_MAX) set was still
 /// runnable: preempted ("R+") or yielded ("R").
 const TASK_STATE_MASK: i64 = TASK_REPORT_MAX - 1;
 
-#[tracepoint]
-pub fn sched_switch(ctx: TracePointContext) -> u32 {
-    let Some(config) = config() else {
-        return 0;
-    };
+/// The classic record: `prev_state` is already the reported state (`__trace_sched_switch_state`).
+impl Switch for TracePointContext {
+    type Ctx = TracePointContext;
+    #[inline(always)]
+    fn ctx(&self) -> &TracePointContext {
+        self
+    }
+    #[inline(always)]
+    fn next_tid(&self) -> u32 {
+        field::<i32>(self, SWITCH_NEXT_PID) as u32
+    }
+    #[inline(always)]
+    fn runnable(&self) -> bool {
+        field::<i64>(self, SWITCH_PREV_STATE) & TASK_STATE_MASK == 0
+    }
+    #[inline(always)]
+    fn exiting(&self) -> bool {
+        field::<i64>(self, SWITCH_PREV_STATE) & (EXIT_DEAD | EXIT_ZOMBIE) != 0
+    }
+    #[inline(always)]
+    fn next_comm(&self) -> [u64; 2] {
+        let high = Field {
+            offset: SWITCH_NEXT_COMM.offset + 8,
+            ..SWITCH_NEXT_COMM
+        };
+        [field(self, SWITCH_NEXT_COMM), field(self, high)]
+    }
+}
+
+/// The raw arguments `(bool preempt, task_struct *prev, task_struct *next, unsigned int
+/// prev_state)`, `prev_state` being prev's `__state` as `__schedule` read it. The classic
+/// record's state is derived from the same three things, the same way: preempted, or else
+/// `__state | exit_state` (nothing set: runnable; EXIT_DEAD or EXIT_ZOMBIE: exiting).
+struct RawSwitch<'a> {
+    ctx: RawTracePointContext,
+    config: &'a Config,
+}
+
+impl RawSwitch<'_> {
+    #[inline(always)]
+    fn preempt(&self) -> bool {
+        self.ctx.arg::<u64>(0) & 0xff != 0
+    }
+    #[inline(always)]
+    fn exit_state(&self) -> i64 {
+        let prev: u64 = self.ctx.arg(1);
+        i64::from(read_kernel::<i32>(
+            prev,
+            self.config.offsets.task_exit_state,
+        ))
+    }
+}
+
+impl Switch for RawSwitch<'_> {
+    type Ctx = RawTracePointContext;
+    #[inline(always)]
+    fn ctx(&self) -> &RawTracePointContext {
+        &self.ctx
+    }
+    #[inline(always)]
+    fn next_tid(&self) -> u32 {
+        read_kernel::<i32>(self.ctx.arg(2), self.config.offsets.task_pid) as u32
+    }
+    #[inline(always)]
+    fn runnable(&self) -> bool {
+        self.preempt() || (self.ctx.arg::<u64>(3) as u32 == 0 && self.exit_state() == 0)
+    }
+    #[inline(always)]
+    fn exiting(&self) -> bool {
+        !self.preempt() && self.exit_state() & (EXIT_DEAD | EXIT_ZOMBIE) != 0
+    }
+    #[inline(always)]
+    fn next_comm(&self) -> [u64; 2] {
+        read_kernel(self.ctx.arg(2), self.config.offsets.task_comm)
+    }
+}
+
+/// Sends the name of `pid`, a task outside the target, the first time it takes a target
+/// thread's CPU.
+#[inline(always)]
+fn name_once(args: &impl Switch, ts: u64, pid: u32) {
+    // SAFETY: the value is a plain u8 and is only read, not kept.
+    if unsafe { NAMED.get(pid) }.is_some() {
+        return;
+    }
+    let _ = NAMED.insert(pid, 1, 0);
+    let [low, high] = args.next_comm();
+    emit(ts, pid, kind::TASK_NAME, 0, [low, high, 0]);
+}
+
+#[inline(always)]
+fn switch(config: &Config, args: &impl Switch) -> u32 {
     // Most switches on the machine are not the target's: the clock is read only for ours.
     let mut ts = 0;
     // The tracepoint runs in prev's context, so `current` is prev.
     let (tgid, prev_tid) = current();
-    let next_tid = field::<i32>(&ctx, SWITCH_NEXT_PID) as u32;
+    let next_tid = args.next_tid();
     let next_is_target = next_tid != 0 && is_target_tid(next_tid);
     if tgid == config.tgid {
         ts = now();
-        let prev_state: i64 = field(&ctx, SWITCH_PREV_STATE);
-        let runnable = u16::from(prev_state & TASK_STATE_MASK == 0);
+        let runnable = u16::from(args.runnable());
         let (kernel_stack, user_stack) = if config.flags & Config::OFFCPU_STACKS != 0 {
             (
-                stack_id(&ctx, 0),
-                stack_id(&ctx, u64::from(BPF_F_USER_STACK)),
+                stack_id(args.ctx(), STACK_SLOT_SWITCH, 0),
+                stack_id(args.ctx(), STACK_SLOT_SWITCH, u64::from(BPF_F_USER_STACK)),
             )
         } else {
             (-1i64 as u64, -1i64 as u64)
@@ -88,7 +183,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         // (prev_state X or Z), or preempted on its way there. Adding it back would leak its
         // TIDS entry, and a reused tid would then pass as the target's.
         if !is_target_tid(prev_tid)
-            && prev_state & (EXIT_DEAD | EXIT_ZOMBIE) == 0
+            && !args.exiting()
             // SAFETY: only tested for presence.
             && unsafe { EXITED.get(prev_tid) }.is_none()
         {
@@ -103,7 +198,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
             [kernel_stack, user_stack, switch::pack(next_tid, cpu())],
         );
         if next_tid != 0 && !next_is_target {
-            name_once(&ctx, ts, next_tid);
+            name_once(args, ts, next_tid);
         }
     }
     if next_is_target {
@@ -115,36 +210,77 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     0
 }
 
-#[inline(always)]
-fn wakeup(ctx: &TracePointContext, new: u16) -> u32 {
-    if config().is_none() {
-        return 0;
+#[tracepoint]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    match config() {
+        Some(config) => switch(config, &ctx),
+        None => 0,
     }
-    let tid = field::<i32>(ctx, WAKEUP_PID) as u32;
+}
+
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn raw_sched_switch(ctx: RawTracePointContext) -> u32 {
+    match config() {
+        Some(config) => switch(config, &RawSwitch { ctx, config }),
+        None => 0,
+    }
+}
+
+#[inline(always)]
+fn wakeup(tid: u32, new: u16) -> u32 {
     if is_target_tid(tid) {
         emit(now(), tid, kind::WAKEUP, new, [0; 3]);
     }
     0
 }
 
+/// The tid of the `task_struct *` that is raw argument `n`.
+#[inline(always)]
+fn task_arg_tid(ctx: &RawTracePointContext, config: &Config, n: usize) -> u32 {
+    read_kernel::<i32>(ctx.arg(n), config.offsets.task_pid) as u32
+}
+
 #[tracepoint]
 pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
-    wakeup(&ctx, 0)
+    if config().is_none() {
+        return 0;
+    }
+    wakeup(field::<i32>(&ctx, WAKEUP_PID) as u32, 0)
 }
 
 #[tracepoint]
 pub fn sched_wakeup_new(ctx: TracePointContext) -> u32 {
-    wakeup(&ctx, 1)
+    if config().is_none() {
+        return 0;
+    }
+    wakeup(field::<i32>(&ctx, WAKEUP_PID) as u32, 1)
 }
 
+/// `(struct task_struct *p)`.
+#[raw_tracepoint(tracepoint = "sched_wakeup")]
+pub fn raw_sched_wakeup(ctx: RawTracePointContext) -> u32 {
+    match config() {
+        Some(config) => wakeup(task_arg_tid(&ctx, config, 0), 0),
+        None => 0,
+    }
+}
+
+#[raw_tracepoint(tracepoint = "sched_wakeup_new")]
+pub fn raw_sched_wakeup_new(ctx: RawTracePointContext) -> u32 {
+    match config() {
+        Some(config) => wakeup(task_arg_tid(&ctx, config, 0), 1),
+        None => 0,
+    }
+}
+
+/// Runs in the parent's context; `child` is asked only for the target's forks.
 #[inline(always)]
-fn fork(ctx: &TracePointContext, child_pid: Field) -> u32 {
+fn fork(child: impl FnOnce(&Config) -> u32) -> u32 {
     let Some(config) = config() else {
         return 0;
     };
-    // Runs in the parent's context.
     if current().0 == config.tgid {
-        let child = field::<i32>(ctx, child_pid) as u32;
+        let child = child(config);
         let _ = EXITED.remove(child);
         add_target_tid(child);
     }
@@ -153,18 +289,24 @@ fn fork(ctx: &TracePointContext, child_pid: Field) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
-    fork(&ctx, FORK_CHILD_PID)
+    fork(|_| field::<i32>(&ctx, FORK_CHILD_PID) as u32)
 }
 
 /// The same on kernels whose fork record has inline comms (the field is further on).
 #[tracepoint]
 pub fn sched_process_fork_fixed_comm(ctx: TracePointContext) -> u32 {
-    fork(&ctx, FORK_CHILD_PID_FIXED_COMM)
+    fork(|_| field::<i32>(&ctx, FORK_CHILD_PID_FIXED_COMM) as u32)
+}
+
+/// `(struct task_struct *parent, struct task_struct *child)`.
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn raw_sched_process_fork(ctx: RawTracePointContext) -> u32 {
+    fork(|config| task_arg_tid(&ctx, config, 1))
 }
 
 /// A thread of the target exits: forget it, so TIDS and IN_FLIGHT hold live threads only.
-#[tracepoint]
-pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
+#[inline(always)]
+fn exit() -> u32 {
     let Some(tid) = current_target_tid() else {
         return 0;
     };
@@ -172,4 +314,14 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let _ = TIDS.remove(tid);
     let _ = IN_FLIGHT.remove(tid);
     0
+}
+
+#[tracepoint]
+pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
+    exit()
+}
+
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn raw_sched_process_exit(_ctx: RawTracePointContext) -> u32 {
+    exit()
 }

@@ -13,7 +13,7 @@ use aya_ebpf::{
     programs::{FEntryContext, ProbeContext, TracePointContext},
 };
 use tracer_ebpf::{
-    abi::{Drops, kind, syscall},
+    abi::{Drops, Offsets, kind, syscall},
     tracepoints::{
         DATA_READY_SKADDR, LENGTH_SK, SET_STATE_NEWSTATE, SET_STATE_PROTOCOL, SET_STATE_SKADDR,
         SET_STATE_SPORT,
@@ -21,7 +21,10 @@ use tracer_ebpf::{
 };
 
 use super::{
-    maps::{LISTEN_PORTS, TARGET_SOCKS, config, count_drop, current_target_tid, emit, field, now},
+    maps::{
+        LISTEN_PORTS, TARGET_SOCKS, config, count_drop, current_target_tid, emit, field, now,
+        read_kernel,
+    },
     syscalls::in_flight,
 };
 
@@ -118,11 +121,22 @@ pub fn kprobe_sock_def_readable(ctx: ProbeContext) -> u32 {
     ctx.arg(0).map_or(0, data_ready)
 }
 
-#[tracepoint]
-pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
-    if config().is_none() {
+/// The inode number of `sk`'s network namespace (`sk->__sk_common.skc_net.net->ns.inum`),
+/// 0 if it cannot be read.
+#[inline(always)]
+fn netns(sk: u64, offsets: &Offsets) -> u32 {
+    let net: u64 = read_kernel(sk, offsets.sock_net);
+    if net == 0 {
         return 0;
     }
+    read_kernel(net, offsets.net_inum)
+}
+
+#[tracepoint]
+pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
+    let Some(config) = config() else {
+        return 0;
+    };
     let newstate: i32 = field(&ctx, SET_STATE_NEWSTATE);
     let protocol: u16 = field(&ctx, SET_STATE_PROTOCOL);
     if protocol != IPPROTO_TCP {
@@ -147,6 +161,11 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let sk: u64 = field(&ctx, SET_STATE_SKADDR);
+    // The same port in another network namespace (a container's, a test's) is not the
+    // target's. Read only for ports the target listens on.
+    if config.netns != 0 && netns(sk, &config.offsets) != config.netns {
+        return 0;
+    }
     // SAFETY: only tested for presence.
     if unsafe { TARGET_SOCKS.get(sk) }.is_none() {
         count_drop(offset_of!(Drops, socks_added));

@@ -1,14 +1,18 @@
 //! Which hook kinds this kernel allows, probed at run time, and the one place that picks each
 //! group's mode from them: `--attach auto` takes fentry, else kprobes, else tracepoints; a
-//! forced mode is used or refused with the reason. The scheduler is always classic
-//! tracepoints, sites uprobes and samples perf events; the choice is for syscalls and sockets.
+//! forced mode is used or refused with the reason. The scheduler takes raw tracepoints where
+//! the kernel's BTF gives the offsets they read (classic ones otherwise, or with `--attach
+//! tracepoint`), and new connections are matched by network namespace where BTF says where a
+//! socket's is; sites are always uprobes and samples perf events.
 
 use std::{fmt, path::Path};
 
 use anyhow::{Context as _, bail};
 use aya::{Btf, EbpfLoader, programs::FEntry};
+use tracer_ebpf::abi::Offsets;
 
-use super::{OBJECT, hooks::Kind, sockets, syscalls, tracefs};
+pub use super::hooks::SchedKind;
+use super::{OBJECT, btf, hooks::Kind, sched, sockets, syscalls, tracefs};
 
 /// `--attach`: let the tracer pick, or force one kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -71,6 +75,13 @@ pub struct Detected {
     pub syscall_tracepoints: Availability,
     /// The sock:* send, receive and data-ready tracepoints (Linux 6.3+).
     pub sock_tracepoints: Availability,
+    /// The sched raw tracepoints with the arguments the programs read, and the `task_struct`
+    /// members they read, in the kernel's BTF.
+    pub sched_raw_tracepoints: Availability,
+    /// Where a `struct sock`'s network namespace is, in the kernel's BTF.
+    pub sock_netns: Availability,
+    /// The offsets found; 0 for what is unavailable.
+    pub offsets: Offsets,
 }
 
 /// The mode of each group with a choice, and what was found.
@@ -79,6 +90,9 @@ pub struct Plan {
     pub choice: Choice,
     pub syscalls: Kind,
     pub sockets: Kind,
+    pub sched: SchedKind,
+    /// New connections on the target's ports are matched in its network namespace only.
+    pub netns_match: bool,
     pub detected: Detected,
 }
 
@@ -91,8 +105,35 @@ impl Plan {
             choice,
             syscalls: pick(choice, "syscalls", &detected, &detected.syscall_tracepoints)?,
             sockets: pick(choice, "sockets", &detected, &detected.sock_tracepoints)?,
+            sched: pick_sched(choice, &detected),
+            netns_match: detected.sock_netns == Availability::Available,
             detected,
         })
+    }
+
+    /// What this plan gives up for lack of kernel support, one warning a line; none when all
+    /// is there or the fallback was asked for.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if let (SchedKind::Tracepoint, Availability::Unavailable(why), Choice::Auto) = (
+            self.sched,
+            &self.detected.sched_raw_tracepoints,
+            self.choice,
+        ) {
+            warnings.push(format!(
+                "tracer: WARNING the scheduler hooks fall back to classic tracepoints (raw \
+                 tracepoints: {why}): a wakeup that interrupts another of the tracer's programs \
+                 is skipped by the kernel, and only counted (drops.recursion_misses)"
+            ));
+        }
+        if let Availability::Unavailable(why) = &self.detected.sock_netns {
+            warnings.push(format!(
+                "tracer: WARNING new connections on the target's ports are matched by port \
+                 only, not network namespace ({why}): another namespace's connections on the \
+                 same port count as the target's"
+            ));
+        }
+        warnings
     }
 
     /// The alternatives found, for the attach lines.
@@ -140,14 +181,40 @@ fn pick(
         })
 }
 
+/// Raw scheduler tracepoints unless classic ones are asked for (`--attach tracepoint`) or
+/// the kernel's BTF lacks what they read.
+fn pick_sched(choice: Choice, detected: &Detected) -> SchedKind {
+    match (choice, &detected.sched_raw_tracepoints) {
+        (Choice::Tracepoint, _) | (_, Availability::Unavailable(_)) => SchedKind::Tracepoint,
+        (_, Availability::Available) => SchedKind::RawTracepoint,
+    }
+}
+
 pub fn detect() -> anyhow::Result<Detected> {
     tracefs::ensure_mounted()?;
+    let btf = btf::Btf::from_sys_fs();
+    let mut offsets = Offsets::default();
+    let sched_raw = btf.as_ref().map_err(clone).and_then(|btf| {
+        offsets = sched::raw_offsets(btf)?;
+        Ok(())
+    });
+    let sock_netns = btf.as_ref().map_err(clone).and_then(|btf| {
+        (offsets.sock_net, offsets.net_inum) = sockets::netns_offsets(btf)?;
+        Ok(())
+    });
     Ok(Detected {
         fentry: Availability::from_result(try_fentry(), errno_name),
         kprobe: kprobe(),
         syscall_tracepoints: Availability::from_result(syscalls::check_tracepoints(), full),
         sock_tracepoints: Availability::from_result(sockets::check_tracepoints(), full),
+        sched_raw_tracepoints: Availability::from_result(sched_raw, full),
+        sock_netns: Availability::from_result(sock_netns, full),
+        offsets,
     })
+}
+
+fn clone(err: &anyhow::Error) -> anyhow::Error {
+    anyhow::anyhow!("{err:#}")
 }
 
 /// Loads and attaches the do-nothing fentry program, then unloads it (with its own small copy
@@ -221,6 +288,9 @@ mod tests {
             kprobe: a(kprobe),
             syscall_tracepoints: a(tracepoints),
             sock_tracepoints: a(tracepoints),
+            sched_raw_tracepoints: a(true),
+            sock_netns: a(true),
+            offsets: Offsets::default(),
         }
     }
 
@@ -247,5 +317,41 @@ mod tests {
         );
         let none = detected(false, false, false);
         assert!(pick(Choice::Auto, "sockets", &none, &none.sock_tracepoints).is_err());
+    }
+
+    /// Issue 21 item 8: raw sched tracepoints wherever BTF has what they read; classic ones
+    /// when asked for, or else with a warning that says what that costs.
+    #[test]
+    fn sched_raw_unless_asked_or_missing_and_the_fallback_is_said() {
+        let mut d = detected(false, false, true);
+        let plan = |choice, d: &Detected| Plan {
+            choice,
+            syscalls: Kind::Tracepoint,
+            sockets: Kind::Tracepoint,
+            sched: pick_sched(choice, d),
+            netns_match: d.sock_netns == Availability::Available,
+            detected: d.clone(),
+        };
+        let auto = plan(Choice::Auto, &d);
+        assert_eq!(auto.sched, SchedKind::RawTracepoint);
+        assert!(auto.netns_match);
+        assert_eq!(auto.warnings(), Vec::<String>::new());
+        assert_eq!(pick_sched(Choice::Kprobe, &d), SchedKind::RawTracepoint);
+        let asked = plan(Choice::Tracepoint, &d);
+        assert_eq!(asked.sched, SchedKind::Tracepoint);
+        assert_eq!(asked.warnings(), Vec::<String>::new());
+
+        d.sched_raw_tracepoints = Availability::Unavailable("no btf_trace_sched_switch".into());
+        d.sock_netns = Availability::Unavailable("no struct net".into());
+        let fallback = plan(Choice::Auto, &d);
+        assert_eq!(fallback.sched, SchedKind::Tracepoint);
+        assert!(!fallback.netns_match);
+        let warnings = fallback.warnings();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[0]
+                .contains("classic tracepoints (raw tracepoints: no btf_trace_sched_switch)")
+        );
+        assert!(warnings[1].contains("matched by port only"));
     }
 }

@@ -7,13 +7,14 @@ use anyhow::Context as _;
 use aya::{
     Btf, Ebpf,
     programs::{
-        FEntry, FExit, KProbe, TracePoint, fentry::FEntryLinkId, fexit::FExitLinkId,
-        kprobe::KProbeLinkId, trace_point::TracePointLinkId,
+        FEntry, FExit, KProbe, RawTracePoint, TracePoint, fentry::FEntryLinkId, fexit::FExitLinkId,
+        kprobe::KProbeLinkId, raw_trace_point::RawTracePointLinkId, trace_point::TracePointLinkId,
     },
 };
 
-/// How a group of kernel hooks is attached. Sites are always uprobes, samples perf events and
-/// the scheduler classic tracepoints; syscalls and sockets have a variant of each.
+/// How a group of kernel hooks is attached. Sites are always uprobes and samples perf events;
+/// syscalls and sockets have a variant of each, the scheduler raw or classic tracepoints
+/// ([`SchedKind`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
     Tracepoint,
@@ -37,11 +38,35 @@ impl fmt::Display for Kind {
     }
 }
 
+/// How the scheduler programs are attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedKind {
+    /// Each program has its own recursion guard: one runs even while another of ours does.
+    RawTracepoint,
+    /// They share `bpf_prog_active` with the syscall, socket and sample programs: the kernel
+    /// skips a wakeup that lands while one of those runs (counted in `recursion_misses`).
+    Tracepoint,
+}
+
+impl SchedKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchedKind::RawTracepoint => "raw_tracepoint",
+            SchedKind::Tracepoint => "tracepoint",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Hook {
     Tracepoint {
         program: String,
         category: &'static str,
+        name: String,
+    },
+    /// A raw tracepoint (by its name alone: `sched_switch`).
+    RawTracepoint {
+        program: String,
         name: String,
     },
     /// A kprobe or kretprobe (the program's section says which).
@@ -62,6 +87,7 @@ pub enum Hook {
 /// An attached hook, to detach on its own (the calibration's arms).
 pub enum Link {
     Tracepoint(String, TracePointLinkId),
+    RawTracepoint(String, RawTracePointLinkId),
     Kprobe(String, KProbeLinkId),
     Fentry(String, FEntryLinkId),
     Fexit(String, FExitLinkId),
@@ -79,6 +105,7 @@ impl Hook {
     pub fn program(&self) -> &str {
         match self {
             Hook::Tracepoint { program, .. }
+            | Hook::RawTracepoint { program, .. }
             | Hook::Kprobe { program, .. }
             | Hook::Fentry { program, .. }
             | Hook::Fexit { program, .. } => program,
@@ -102,6 +129,20 @@ impl Hook {
                     .attach(category, name)
                     .with_context(|| format!("attaching tracepoint {category}:{name}"))?;
                 Link::Tracepoint(self.program().to_owned(), id)
+            }
+            Hook::RawTracepoint {
+                program: program_name,
+                name,
+            } => {
+                let raw: &mut RawTracePoint = program.try_into()?;
+                if raw.fd().is_err() {
+                    raw.load()
+                        .with_context(|| format!("loading {program_name}"))?;
+                }
+                let id = raw
+                    .attach(name)
+                    .with_context(|| format!("attaching raw tracepoint {name}"))?;
+                Link::RawTracepoint(program_name.clone(), id)
             }
             Hook::Kprobe {
                 program: name,
@@ -161,6 +202,10 @@ impl Link {
         Ok(match self {
             Link::Tracepoint(name, id) => {
                 let p: &mut TracePoint = program(ebpf, &name)?.try_into()?;
+                Box::new(p.take_link(id)?)
+            }
+            Link::RawTracepoint(name, id) => {
+                let p: &mut RawTracePoint = program(ebpf, &name)?.try_into()?;
                 Box::new(p.take_link(id)?)
             }
             Link::Kprobe(name, id) => {

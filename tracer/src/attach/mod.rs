@@ -2,6 +2,7 @@
 //! kernel program group (`tracer-ebpf/src/programs/*.rs`), plus detection, tracefs checks and
 //! the target's discovery. Dropping the [`Session`] detaches and unloads everything.
 
+pub mod btf;
 pub mod detect;
 pub mod hooks;
 pub mod preflight;
@@ -20,10 +21,9 @@ use std::{fmt, os::fd::AsFd as _};
 use anyhow::{Context as _, bail};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
-    programs::TracePoint,
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
 };
-use tracer_ebpf::abi::{Config, Drops, Loss};
+use tracer_ebpf::abi::{Config, Drops, Loss, Stack};
 
 use self::target::Target;
 
@@ -58,6 +58,8 @@ pub struct Options {
     pub sample_hz: u64,
     /// Ring buffer size: a power of two, at least a page.
     pub ring_bytes: u32,
+    /// STACKS's capacity: distinct stacks kept.
+    pub stack_entries: u32,
     pub offcpu_stacks: bool,
     /// Attach the `phase` site too, for per-phase on-CPU parts.
     pub phases: bool,
@@ -133,7 +135,7 @@ impl Session {
         }
         tracefs::ensure_mounted()?;
         sockets::check()?;
-        sched::check()?;
+        sched::check(plan.sched)?;
         let btf = if [plan.syscalls, plan.sockets].contains(&hooks::Kind::Fentry) {
             Some(Btf::from_sys_fs().context("reading the kernel's BTF for fentry")?)
         } else {
@@ -142,6 +144,7 @@ impl Session {
 
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", options.ring_bytes)
+            .map_max_entries("STACKS", options.stack_entries)
             .load(OBJECT)
             .context("loading the eBPF object")?;
 
@@ -156,6 +159,8 @@ impl Session {
             tgid: target.pid.get(),
             flags,
             wakeup_bytes: options.wakeup_bytes(),
+            netns: if plan.netns_match { target.netns } else { 0 },
+            offsets: plan.detected.offsets,
         };
         Array::<_, Config>::try_from(map(&mut ebpf, "CONFIG")?)?.set(0, config, 0)?;
         let mut ports = HashMap::<_, u16, u8>::try_from(map(&mut ebpf, "LISTEN_PORTS")?)?;
@@ -164,7 +169,7 @@ impl Session {
             ports.insert(port, 1, 0)?;
         }
 
-        sched::attach_fork(&mut ebpf)?;
+        sched::attach_fork(&mut ebpf, plan.sched)?;
         let mut tids = HashMap::<_, u32, u8>::try_from(map(&mut ebpf, "TIDS")?)?;
         let seeded = target.tids()?;
         for &tid in &seeded {
@@ -174,13 +179,15 @@ impl Session {
         let mut modes = Vec::new();
         let mut kprobes = stats::KprobeLinks::default();
         if options.attaches(Group::Sched) {
-            let n = sched::attach_rest(&mut ebpf)?;
+            let n = sched::attach_rest(&mut ebpf, plan.sched)?;
             modes.push(AttachMode {
                 group: "sched",
-                mode: "tracepoint",
+                mode: plan.sched.as_str(),
                 detail: format!(
-                    "{n} sched:* (tp_btf not needed); {} threads seeded",
-                    seeded.len()
+                    "{}; {} threads seeded; raw tracepoints {}",
+                    sched::describe(plan.sched, n),
+                    seeded.len(),
+                    plan.detected.sched_raw_tracepoints
                 ),
             });
         }
@@ -204,9 +211,14 @@ impl Session {
                 group: "sockets",
                 mode: plan.sockets.as_str(),
                 detail: format!(
-                    "{}; listening ports [{}]; {}",
+                    "{}; listening ports [{}] {}; {}",
                     sockets::describe(plan.sockets),
                     ports.join(", "),
+                    if plan.netns_match {
+                        "in the target's network namespace"
+                    } else {
+                        "in any network namespace"
+                    },
                     plan.alternatives(&plan.detected.sock_tracepoints)
                 ),
             });
@@ -311,9 +323,9 @@ impl Session {
         Ok(PerCpuArray::try_from(take(&mut self.ebpf, "DROPS")?)?)
     }
 
-    /// The stack-trace map; stack ids of the session's events keep resolving after detach.
-    pub fn take_stacks(&mut self) -> anyhow::Result<StackTraceMap<MapData>> {
-        Ok(StackTraceMap::try_from(take(&mut self.ebpf, "STACKS")?)?)
+    /// The stacks map (`abi::Stack` by id); stack ids of the session's events keep resolving after detach.
+    pub fn take_stacks(&mut self) -> anyhow::Result<HashMap<MapData, u64, Stack>> {
+        Ok(HashMap::try_from(take(&mut self.ebpf, "STACKS")?)?)
     }
 
     /// Detaches every link and unloads every program (what dropping does, said out loud).
@@ -331,26 +343,6 @@ fn map<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::maps::
 fn take(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<aya::maps::Map> {
     ebpf.take_map(name)
         .with_context(|| format!("map {name} missing from the eBPF object"))
-}
-
-/// Loads program `program` and attaches it to `category:name`.
-fn attach_tracepoint(
-    ebpf: &mut Ebpf,
-    program: &str,
-    category: &str,
-    name: &str,
-) -> anyhow::Result<()> {
-    let tracepoint: &mut TracePoint = ebpf
-        .program_mut(program)
-        .with_context(|| format!("{program} missing from the eBPF object"))?
-        .try_into()?;
-    tracepoint
-        .load()
-        .with_context(|| format!("loading {program}"))?;
-    tracepoint
-        .attach(category, name)
-        .with_context(|| format!("attaching {category}:{name}"))?;
-    Ok(())
 }
 
 #[cfg(test)]

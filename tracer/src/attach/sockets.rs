@@ -2,13 +2,31 @@
 //! data arrival on its sockets (sock:* tracepoints, or fentry or kprobes on the functions they
 //! sit in), plus the `sock:inet_sock_set_state` tracepoint in every mode.
 
+use anyhow::ensure;
 use aya::{Btf, Ebpf};
 use tracer_ebpf::tracepoints::{SET_STATE_LAYOUT, SOCK_IO_FUNCTIONS, SOCK_IO_LAYOUTS};
 
 use super::{
+    btf,
     hooks::{Hook, Kind},
     tracefs,
 };
+
+/// Where a `struct sock`'s network namespace is, for matching new connections on the target's
+/// ports by namespace too: `(sock.__sk_common.skc_net.net, net.ns.inum)`. A kernel without
+/// network namespaces (CONFIG_NET_NS off) has no `net` member, and one namespace.
+pub fn netns_offsets(btf: &btf::Btf) -> anyhow::Result<(u32, u32)> {
+    let net = btf.member("sock", &["__sk_common", "skc_net", "net"])?;
+    let inum = btf.member("net", &["ns", "inum"])?;
+    ensure!(
+        net.size == 8 && inum.size == 4,
+        "sock's net pointer is {} bytes and net.ns.inum {} on this kernel, the programs read 8 \
+         and 4",
+        net.size,
+        inum.size
+    );
+    Ok((net.offset, inum.offset))
+}
 
 /// The tracepoint every mode needs.
 pub fn check() -> anyhow::Result<()> {
@@ -57,4 +75,15 @@ pub fn attach(ebpf: &mut Ebpf, kind: Kind, btf: Option<&Btf>) -> anyhow::Result<
         hook.attach(ebpf, btf)?;
     }
     Ok(SOCK_IO_LAYOUTS.len() + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netns_offsets_through_possible_net_t_and_ns_common() {
+        let btf = btf::Btf::parse(&btf::tests::sample()).unwrap();
+        assert_eq!(netns_offsets(&btf).unwrap(), (48, 32));
+    }
 }

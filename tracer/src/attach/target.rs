@@ -40,6 +40,9 @@ pub struct Target {
     pub exe_name: PathBuf,
     /// Where each probe site is in `exe`, its NOP5 checked.
     pub sites: SiteOffsets,
+    /// The inode number of its network namespace (the kernel's `ns.inum`), read while it is
+    /// known to be alive: a zombie has no /proc/PID/ns.
+    pub netns: u32,
 }
 
 /// The initial PID namespace's inode number (`PROC_PID_INIT_INO`, include/linux/proc_ns.h).
@@ -85,8 +88,10 @@ impl Target {
                 missing.join(", ")
             );
         }
+        let netns = netns_inode(pid.get())?;
         ensure_alive(&pidfd, pid)?;
         Ok(Target {
+            netns,
             pid,
             pidfd: Arc::new(pidfd),
             exe_fd: Arc::new(exe_fd),
@@ -144,6 +149,16 @@ impl Target {
         }
         Ok(ports)
     }
+}
+
+/// The inode number of `pid`'s network namespace, as the kernel's `ns.inum`.
+fn netns_inode(pid: u32) -> anyhow::Result<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    let path = format!("/proc/{pid}/ns/net");
+    let inode = fs::metadata(&path)
+        .with_context(|| format!("reading {path}"))?
+        .ino();
+    u32::try_from(inode).with_context(|| format!("{path}: inode {inode} is not a u32"))
 }
 
 /// A kernel CPU list such as `0-3,6`.

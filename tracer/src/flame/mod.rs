@@ -383,7 +383,7 @@ impl Pictures {
         self.session.push(record)
     }
 
-    /// Draws every picture. `stacks` is the session's stack-trace map (it outlives detach).
+    /// Draws every picture. `stacks` is the session's stacks map (it outlives detach).
     /// `tasks`: names of the tasks outside the target that took its CPU (the rebuild's).
     pub fn finish(
         mut self,

@@ -50,8 +50,9 @@ pub(crate) struct Sockets {
     fd_of_sk: HashMap<u64, u64>,
     /// ESTABLISHED sks on a listening port not yet read by the target, and when.
     unclaimed: HashMap<u64, u64>,
-    /// Of those, how many were never read before the prune horizon passed them: the kernel
-    /// matches listening ports only, so a same-port server in another netns shows up here.
+    /// Of those, how many were never read before the prune horizon passed them (never
+    /// accepted, another process on the port, or another netns where the kernel matches by
+    /// port alone).
     pub(crate) never_claimed: u64,
 }
 

@@ -126,8 +126,31 @@ pub fn fixture_main(secs: f64) {
     client.join().unwrap();
 }
 
+/// With this set, the fixture only listens, on 127.0.0.1 (no client, no accept), until killed.
+pub const LISTEN_ONLY_ENV: &str = "TRACER_FIXTURE_LISTEN_ONLY";
+
+/// The listen-only fixture's body.
+pub fn listen_only_main() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("listening {}", listener.local_addr().unwrap());
+    std::io::stdout().flush().unwrap();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 /// Starts the fixture for `secs` and waits until it listens; stopped and reaped on drop.
 pub fn spawn_fixture(test_binary: &Path, secs: f64) -> Proc {
+    spawn_fixture_with(test_binary, FIXTURE_ENV, &secs.to_string()).0
+}
+
+/// Starts the listen-only fixture; returns it and its address.
+pub fn spawn_listen_only(test_binary: &Path) -> (Proc, std::net::SocketAddr) {
+    let (fixture, addr) = spawn_fixture_with(test_binary, LISTEN_ONLY_ENV, "1");
+    (fixture, addr.parse().expect("the fixture's address"))
+}
+
+fn spawn_fixture_with(test_binary: &Path, env: &str, value: &str) -> (Proc, String) {
     let mut fixture = testproc::Spawn::new("fixture", test_binary)
         .args([
             "--exact",
@@ -135,16 +158,17 @@ pub fn spawn_fixture(test_binary: &Path, secs: f64) -> Proc {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(FIXTURE_ENV, secs.to_string())
+        .env(env, value)
         .start()
         .unwrap_or_else(|e| panic!("{e:#}"));
     // libtest prints `test fixture_child ... ` on the same line first.
-    fixture
+    let addr = fixture
         .wait_for("its listening line", READY, |line| {
-            line.contains("listening ").then_some(())
+            line.split_once("listening ")
+                .map(|(_, addr)| addr.trim().to_owned())
         })
         .unwrap_or_else(|e| panic!("{e:#}"));
-    fixture
+    (fixture, addr)
 }
 
 /// Records a fresh fixture (the test binary `me`) with [`record_args`] and `extra`, which
@@ -167,13 +191,17 @@ pub fn attach_choice() -> String {
     std::env::var("TRACER_ATTACH").unwrap_or_else(|_| "auto".to_owned())
 }
 
-/// The mode syscalls and sockets should be attached with under [`attach_choice`] on this
-/// kernel, as the tracer's own detection picks it.
-pub fn expected_kinds() -> (String, String) {
+/// The modes (sched, syscalls, sockets) the groups should be attached with under
+/// [`attach_choice`] on this kernel, as the tracer's own detection picks them.
+pub fn expected_kinds() -> (String, String, String) {
     let choice = clap::ValueEnum::from_str(&attach_choice(), false)
         .expect("TRACER_ATTACH: auto, tracepoint, kprobe or fentry");
     let plan = tracer::attach::detect::Plan::new(choice).expect("detecting attach modes");
-    (plan.syscalls.to_string(), plan.sockets.to_string())
+    (
+        plan.sched.as_str().to_owned(),
+        plan.syscalls.to_string(),
+        plan.sockets.to_string(),
+    )
 }
 
 /// A tracer running in the background, its output collected (a [`testproc::Proc`]: stopped
@@ -226,13 +254,25 @@ pub fn leftover_uprobes(binary: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Of `ids`, those still loaded in the kernel.
+/// Of `ids`, those still loaded in the kernel a few seconds on. A raw tracepoint link drops
+/// its program only after an RCU grace period (tasks trace, since Linux 6.9), so the programs
+/// of a tracer that just exited can linger for a moment; none may stay.
 pub fn still_loaded(ids: &[u32]) -> Vec<u32> {
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .map(|info| info.id())
-        .filter(|id| ids.contains(id))
-        .collect()
+    let loaded = || -> Vec<u32> {
+        aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .map(|info| info.id())
+            .filter(|id| ids.contains(id))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = loaded();
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The ids from the tracer's `tracer: program ids 1,2,3` line.
