@@ -78,8 +78,9 @@ enum Command {
         /// (default: half the open-file limit, at most 65536).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
         max_connections: Option<u32>,
-        /// On SIGTERM or Ctrl-C, how long requests in flight may take to finish their receipts
-        /// before the rest are cut off, in ms.
+        /// On SIGTERM or Ctrl-C, how long requests in flight may take to finish before the rest
+        /// are cut off, in ms. A request already at its upstream call is not cut off: it gets
+        /// its receipt however long that takes (up to the service's upstream timeout).
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
         shutdown_grace_ms: u64,
     },
@@ -452,7 +453,7 @@ fn serve(
         let drained = gateway::server::serve(app.clone(), listener, limits, shutdown).await;
         if !drained {
             eprintln!(
-                "shutdown: requests still in flight after {} ms are cut off",
+                "shutdown: requests that had not reached the upstream after {} ms are cut off",
                 limits.grace.as_millis()
             );
         }
