@@ -232,3 +232,25 @@ fn item_6_repeated_and_zero_client_ids_each_get_a_receipt() {
         .collect();
     assert_eq!(ids, [5, 5, 0], "receipts keep the client's ids");
 }
+
+#[test]
+fn item_16_head_refuses_a_ledger_that_does_not_verify() {
+    let demo = Demo::new();
+    ledger_with_three_receipts(&demo);
+
+    // A receipt's contents changed after it was signed.
+    let conn = rusqlite::Connection::open(&demo.db).expect("open");
+    conn.execute_batch(
+        "DROP TRIGGER receipts_no_update; UPDATE receipts SET principal = 'mallory' WHERE seq = 2;",
+    )
+    .expect("tamper");
+    drop(conn);
+
+    let (code, out, err) = gateway_cli(&["head", "--db", demo.db_str()]);
+    assert_eq!(code, 1, "head printed {out:?} for a tampered ledger");
+    assert!(!out.contains("head="), "{out}");
+    assert!(
+        err.contains("does not verify") && err.contains("seq 2"),
+        "{err}"
+    );
+}

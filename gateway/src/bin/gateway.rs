@@ -128,8 +128,9 @@ enum Command {
         #[arg(long, value_name = "SEQ:HASH")]
         expect_head: Option<Head>,
     },
-    /// Print the signed head: the newest receipt's seq and entry hash (as SEQ:HASH for
-    /// `verify --expect-head`), its signature and the signer's public key.
+    /// Verify the ledger (as `verify` with no flags), then print the signed head: the newest
+    /// receipt's seq and entry hash (as SEQ:HASH for `verify --expect-head`), its signature and
+    /// the signer's public key.
     Head {
         /// SQLite database file.
         #[arg(long)]
@@ -355,7 +356,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Head { db } => {
-            let conn = gateway::db::open_read_only(&db)?;
+            let mut conn = gateway::db::open_read_only(&db)?;
+            // One read snapshot: the head printed is the one verified, even while a gateway
+            // appends.
+            let conn = conn.transaction()?;
+            // A head is for publishing: one from a broken chain would vouch for it.
+            if let Verdict::Bad { seq, reason } = verify::verify(&conn, &Published::default())? {
+                anyhow::bail!(
+                    "the ledger does not verify (bad receipt at seq {seq}: {reason}); no head printed"
+                );
+            }
             let Some(last) = verify::last(&conn)? else {
                 anyhow::bail!("the ledger has no receipts yet");
             };
