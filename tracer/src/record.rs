@@ -374,9 +374,10 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     }
     let mut drops_json = crate::events::drops::to_json(&kernel_drops);
     drops_json["established_unclaimed"] = unclaimed.into();
-    if let Some(warning) =
-        crate::events::drops::add_kretprobe_missed(&mut drops_json, kretprobe_missed.as_deref())
-    {
+    if let Some(warning) = crate::events::drops::add_kretprobe_missed(
+        &mut drops_json,
+        kretprobe_missed.as_deref().map_err(String::as_str),
+    ) {
         say!("{warning}");
     }
     match &recursion_misses {
