@@ -476,6 +476,24 @@ garbage line
         assert_eq!(&*sym.user_frames(0x55d0c0100010), ["[gateway]"]);
     }
 
+    /// A FIFO named by a mapping's path would block a plain open until a writer came.
+    #[test]
+    fn only_regular_files_are_opened_and_a_fifo_does_not_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR,
+            0,
+        )
+        .unwrap();
+        assert!(open_regular(&fifo).is_none());
+        assert!(open_regular(dir.path()).is_none(), "a directory");
+        assert!(open_regular(Path::new("/proc/self/exe")).is_some());
+    }
+
     #[test]
     fn generic_arguments_go_and_qualified_paths_stay() {
         assert_eq!(
