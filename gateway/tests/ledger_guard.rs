@@ -214,6 +214,20 @@ fn item_16_verify_opens_read_only_and_lists_its_flags() {
         help.contains("--pubkey <HEX>") && help.contains("--expect-head <SEQ:HASH>"),
         "{help}"
     );
+    // The command list names them too: that is where a reader looks for what verify can do.
+    let usage = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("--help")
+        .output()
+        .expect("help");
+    let usage = String::from_utf8_lossy(&usage.stdout);
+    let verify = usage
+        .lines()
+        .find(|l| l.trim_start().starts_with("verify "))
+        .unwrap_or_else(|| panic!("no verify line in {usage}"));
+    assert!(
+        verify.contains("--pubkey") && verify.contains("--expect-head"),
+        "{usage}"
+    );
 }
 
 #[test]

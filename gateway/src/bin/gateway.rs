@@ -110,7 +110,8 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
-    /// Check every receipt's hash, chain link, signature and seq continuity (read-only).
+    /// Check every receipt's hash, chain link, signature and seq continuity (read-only);
+    /// `--pubkey HEX` and `--expect-head SEQ:HASH` check against what was published.
     ///
     /// On its own this proves only that the database is self-consistent: whoever can write it
     /// can rewrite the keys and re-sign, or cut off the tail. Give what was published earlier
@@ -128,9 +129,12 @@ enum Command {
         #[arg(long, value_name = "SEQ:HASH")]
         expect_head: Option<Head>,
     },
-    /// Verify the ledger (as `verify` with no flags), then print the signed head: the newest
-    /// receipt's seq and entry hash (as SEQ:HASH for `verify --expect-head`), its signature and
-    /// the signer's public key.
+    /// Verify the ledger, then print its signed head (`head=SEQ:HASH` for `verify
+    /// --expect-head`).
+    ///
+    /// The ledger is checked as `verify` with no flags checks it, and nothing is printed if it
+    /// fails. Printed: the newest receipt's seq and entry hash, its signature and the signer's
+    /// key id and public key.
     Head {
         /// SQLite database file.
         #[arg(long)]
