@@ -105,15 +105,24 @@ fn open_as_seen_by(pid: u32, m: &ExecMapping) -> Option<File> {
     })
 }
 
-/// `path` opened for reading if it is a regular file. Non-blocking: a path the target
-/// controls may name a FIFO, which would otherwise block the open until a writer came.
+/// `path` opened for reading if it is a regular file. The path is the target's to choose: it
+/// may name a FIFO (an open would wait for a writer) or a device here (an open is the
+/// driver's to act on), so it is looked at through an `O_PATH` handle, which opens nothing,
+/// and only a regular file is opened, through that handle.
 fn open_regular(path: &Path) -> Option<File> {
-    let file = File::options()
+    let handle = File::options()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .custom_flags(libc::O_PATH)
         .open(path)
         .ok()?;
-    file.metadata().ok()?.is_file().then_some(file)
+    if !handle.metadata().ok()?.is_file() {
+        return None;
+    }
+    File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+        .ok()
 }
 
 /// The GNU build-id note of the ELF file `file`, if it has one. Reads only the headers and
@@ -476,7 +485,8 @@ garbage line
         assert_eq!(&*sym.user_frames(0x55d0c0100010), ["[gateway]"]);
     }
 
-    /// A FIFO named by a mapping's path would block a plain open until a writer came.
+    /// A FIFO named by a mapping's path would block a plain open until a writer came; a device
+    /// would be opened by its driver.
     #[test]
     fn only_regular_files_are_opened_and_a_fifo_does_not_block() {
         let dir = tempfile::tempdir().unwrap();
@@ -491,6 +501,7 @@ garbage line
         .unwrap();
         assert!(open_regular(&fifo).is_none());
         assert!(open_regular(dir.path()).is_none(), "a directory");
+        assert!(open_regular(Path::new("/dev/null")).is_none(), "a device");
         assert!(open_regular(Path::new("/proc/self/exe")).is_some());
     }
 
