@@ -4,7 +4,8 @@
 //! Each phase runs in [`probe::in_phase`] (its site, then its frame) and lasts until the next.
 //! 401 and body errors (400/413) answer at once; from scope on, every outcome (allowed,
 //! denied, upstream failure) gets a receipt, and the answer is sent only after that receipt
-//! is durable.
+//! is durable. A shutdown lets a request that has begun deciding finish through its receipt
+//! ([`crate::acting`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -86,6 +87,18 @@ pub async fn act(app: &App, req: Request<Incoming>, req_id: u64, client_id: u64)
             Err(e) => return respond_error(req_id, e),
         };
 
+    // From here to the receipt, a shutdown waits past its grace period: the upstream call may
+    // act. Refused only once that wait has begun, when nothing has been sent upstream yet.
+    let Some(pass) = app.acting.enter() else {
+        return respond_error(
+            req_id,
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the gateway is shutting down",
+            ),
+        );
+    };
     let outcome = decide(app, &config, &key, &body, canonical_params, req_id).await;
 
     let (status, error_code, decision, latency_us) = match &outcome {
@@ -118,6 +131,7 @@ pub async fn act(app: &App, req: Request<Incoming>, req_id: u64, client_id: u64)
         app.ledger.append(req_id, receipt),
     )
     .await;
+    drop(pass);
 
     probe::in_phase(req_id, Phase::Respond, || {
         let Ok(durable) = durable else {

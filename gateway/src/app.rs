@@ -9,6 +9,7 @@ use std::thread::JoinHandle;
 use bytes::Bytes;
 use rusqlite::Connection;
 
+use crate::acting::Acting;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::ledger::{Ledger, WriterOptions};
@@ -26,6 +27,8 @@ pub struct App {
     shared: Mutex<Arc<Config>>,
     pub limiter: Limiter,
     pub ledger: Ledger,
+    /// Requests past the point where a shutdown waits for their upstream call and receipt.
+    pub acting: Acting,
     /// `GET /v1/receipts/pubkey`, serialized once.
     pub pubkey_body: Bytes,
 }
@@ -71,6 +74,7 @@ impl App {
             shared: Mutex::new(Arc::new(config)),
             limiter: Limiter::default(),
             ledger,
+            acting: Acting::default(),
             pubkey_body: Bytes::from(pubkey_body),
         };
         Ok((Arc::new(app), writer_thread))

@@ -3,6 +3,7 @@
 //! receipt is durable in the SQLite ledger.
 
 pub mod act;
+pub mod acting;
 pub mod admin;
 pub mod apikey;
 pub mod app;

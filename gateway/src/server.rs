@@ -56,7 +56,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// Connections served at once; one more is accepted and closed at once.
     pub max_connections: u32,
-    /// After `shutdown`, how long the requests in flight may take to finish.
+    /// After `shutdown`, how long the requests in flight may take to finish. A request already
+    /// deciding (up to its upstream call) is waited for past it, through its receipt.
     pub grace: Duration,
 }
 
@@ -64,7 +65,9 @@ pub struct Limits {
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Accepts connections until `shutdown` completes, then stops accepting, asks every connection
-/// to finish its request in flight and close. Returns whether all closed within the grace period.
+/// to finish its request in flight and close. Returns whether all closed within the grace period;
+/// either way, every request that began deciding (and so may have called the upstream) has
+/// settled its receipt on return.
 pub async fn serve(
     app: Arc<App>,
     listener: TcpListener,
@@ -144,9 +147,13 @@ pub async fn serve(
     drop(listener);
     stop.send_replace(());
     // Every slot back: every connection has closed.
-    tokio::time::timeout(limits.grace, slots.acquire_many(limits.max_connections))
+    let drained = tokio::time::timeout(limits.grace, slots.acquire_many(limits.max_connections))
         .await
-        .is_ok()
+        .is_ok();
+    // Past the grace, requests that may have acted upstream still finish their receipts; the
+    // rest are cut off when the runtime is dropped.
+    app.acting.close().await;
+    drained
 }
 
 fn is_out_of_descriptors(e: &std::io::Error) -> bool {

@@ -215,6 +215,20 @@ fn item_16_verify_opens_read_only_and_lists_its_flags() {
         help.contains("--pubkey <HEX>") && help.contains("--expect-head <SEQ:HASH>"),
         "{help}"
     );
+    // The command list names them too: that is where a reader looks for what verify can do.
+    let usage = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("--help")
+        .output()
+        .expect("help");
+    let usage = String::from_utf8_lossy(&usage.stdout);
+    let verify = usage
+        .lines()
+        .find(|l| l.trim_start().starts_with("verify "))
+        .unwrap_or_else(|| panic!("no verify line in {usage}"));
+    assert!(
+        verify.contains("--pubkey") && verify.contains("--expect-head"),
+        "{usage}"
+    );
 }
 
 #[test]
@@ -232,4 +246,26 @@ fn item_6_repeated_and_zero_client_ids_each_get_a_receipt() {
         .map(|r| r["request_id"].as_u64().expect("request_id"))
         .collect();
     assert_eq!(ids, [5, 5, 0], "receipts keep the client's ids");
+}
+
+#[test]
+fn item_16_head_refuses_a_ledger_that_does_not_verify() {
+    let demo = Demo::new();
+    ledger_with_three_receipts(&demo);
+
+    // A receipt's contents changed after it was signed.
+    let conn = rusqlite::Connection::open(&demo.db).expect("open");
+    conn.execute_batch(
+        "DROP TRIGGER receipts_no_update; UPDATE receipts SET principal = 'mallory' WHERE seq = 2;",
+    )
+    .expect("tamper");
+    drop(conn);
+
+    let (code, out, err) = gateway_cli(&["head", "--db", demo.db_str()]);
+    assert_eq!(code, 1, "head printed {out:?} for a tampered ledger");
+    assert!(!out.contains("head="), "{out}");
+    assert!(
+        err.contains("does not verify") && err.contains("seq 2"),
+        "{err}"
+    );
 }

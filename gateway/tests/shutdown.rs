@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Demo, spawn_listening, try_act, wait_exit, without_receipt};
+use common::{Demo, gateway_serve, spawn_listening, try_act, wait_exit, without_receipt};
 use rustix::net::sockopt::set_socket_linger;
 use testproc::Signal;
 
@@ -120,5 +120,76 @@ fn item_14_sigterm_and_client_resets_leave_no_action_without_receipt() {
         "the upstream acted on {} of {} requests without a receipt: {missing:?}",
         missing.len(),
         seen.len()
+    );
+}
+
+/// Item 14, past the grace period: requests held at the upstream longer than
+/// `--shutdown-grace-ms` still get their receipts, while a request stuck before deciding (its
+/// body never sent) does not hold the shutdown up.
+#[test]
+fn item_14_requests_at_the_upstream_past_the_grace_get_their_receipts() {
+    const HELD: u64 = 4;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ids_log = dir.path().join("upstream-ids");
+    let upstream = spawn_listening(
+        env!("CARGO_BIN_EXE_mock-upstream"),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--delay-ms",
+            "1500",
+            "--log-ids",
+            ids_log.to_str().expect("utf-8"),
+        ],
+    );
+    let demo = Demo::with_upstream(upstream);
+    let mut server = gateway_serve(&demo.db, &["--shutdown-grace-ms", "100"]);
+
+    // Sends its head and half its body, then waits: a handler that never reaches the upstream.
+    let mut stalled = TcpStream::connect(&server.addr).expect("connect");
+    let half = format!(
+        "POST /v1/act HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {}\r\n\
+         content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"service\":",
+        server.addr, demo.key
+    );
+    stalled.write_all(half.as_bytes()).expect("half a request");
+
+    let clients: Vec<_> = (1..=HELD)
+        .map(|id| {
+            let (addr, key) = (server.addr.clone(), demo.key.clone());
+            // Cut off or answered: the receipts are what is checked.
+            std::thread::spawn(move || {
+                let _ = try_act(&addr, Some(&key), Some(id), &body(id));
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&ids_log).map_or(0, |s| s.lines().count()) < HELD as usize {
+        assert!(
+            Instant::now() < deadline,
+            "the requests did not reach the upstream"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    server.proc.signal(Signal::TERM).expect("SIGTERM");
+    let status = wait_exit(&mut server, Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "the gateway exited with {status} on SIGTERM"
+    );
+    for client in clients {
+        client.join().expect("client thread");
+    }
+    drop(stalled);
+
+    let seen: Vec<u64> = std::fs::read_to_string(&ids_log)
+        .expect("upstream ids")
+        .lines()
+        .map(|l| l.parse().expect("id line"))
+        .collect();
+    let missing = without_receipt(&demo.db, &seen);
+    assert!(
+        missing.is_empty(),
+        "past the grace, the upstream acted on {missing:?} (of {seen:?}) without a receipt"
     );
 }

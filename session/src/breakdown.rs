@@ -113,7 +113,8 @@ pub struct Drops {
     pub established_unclaimed: u64,
     pub forced_wakeups: u64,
     pub in_flight_full: u64,
-    /// Null where the kernel does not say (sessions from 2026-12-02 on).
+    /// Null where the kernel does not say, with `kretprobe_missed_note` (sessions from
+    /// 2026-12-02 on).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -122,6 +123,9 @@ pub struct Drops {
     pub kretprobe_missed: Option<Option<u64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kretprobe_missed_by_program: Option<BTreeMap<String, u64>>,
+    /// Why `kretprobe_missed` is null, where it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kretprobe_missed_note: Option<String>,
     /// Null when they could not be read (sessions from 2026-12-02 on).
     #[serde(
         default,

@@ -309,13 +309,14 @@ pub struct Cost {
     pub drops: Option<BTreeMap<String, DropCount>>,
 }
 
-/// One kernel-side drop counter: a count (null where it could not be read), or counts by
-/// BPF program.
+/// One kernel-side drop counter: a count (null where it could not be read), counts by BPF
+/// program, or the note saying why a count is null.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum DropCount {
     Count(Option<u64>),
     ByProgram(BTreeMap<String, u64>),
+    Note(String),
 }
 
 /// One loss run: at the traced max, above it, or with a forced-small ring.

@@ -32,18 +32,25 @@ pub const INTERRUPTED_EXIT: i32 = 128 + SIGINT;
 
 /// SIGINT, SIGTERM and SIGHUP (an ssh drop) store their number here (0: none yet); the main
 /// loop looks every drain, at most 10 ms later, and ends the session writing its outputs. A
-/// SIGINT once stopping exits at once, writing nothing: the user asked twice.
+/// SIGINT once stopping exits at once, writing nothing: the user asked twice. It still
+/// unmounts tracefs if this process mounted it (BPF links go with the process's fds).
 fn stop_signal() -> anyhow::Result<Arc<AtomicUsize>> {
     let stop = Arc::new(AtomicUsize::new(0));
     let stopping = Arc::new(AtomicBool::new(false));
     let install = |result: std::io::Result<_>| result.context("installing signal handlers");
     // Before the flag is set below: actions run in the order registered, so the first SIGINT
     // finds the flag still clear.
-    install(signal_hook::flag::register_conditional_shutdown(
-        SIGINT,
-        INTERRUPTED_EXIT,
-        stopping.clone(),
-    ))?;
+    let asked_twice = stopping.clone();
+    // SAFETY: the action is async-signal-safe: an atomic load, then
+    // `unmount_from_signal_handler` (an atomic swap and one umount2 syscall) and `_exit`.
+    install(unsafe {
+        signal_hook::low_level::register(SIGINT, move || {
+            if asked_twice.load(Ordering::SeqCst) {
+                tracefs::unmount_from_signal_handler();
+                signal_hook::low_level::exit(INTERRUPTED_EXIT);
+            }
+        })
+    })?;
     for signal in [SIGINT, SIGTERM, SIGHUP] {
         install(signal_hook::flag::register_usize(
             signal,
@@ -374,9 +381,10 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     }
     let mut drops_json = crate::events::drops::to_model(&kernel_drops);
     drops_json.established_unclaimed = unclaimed;
-    if let Some(warning) =
-        crate::events::drops::add_kretprobe_missed(&mut drops_json, kretprobe_missed.as_deref())
-    {
+    if let Some(warning) = crate::events::drops::add_kretprobe_missed(
+        &mut drops_json,
+        kretprobe_missed.as_deref().map_err(String::as_str),
+    ) {
         say!("{warning}");
     }
     match &recursion_misses {

@@ -7,7 +7,9 @@
 //! each mapped file is opened then as the target sees it (`/proc/PID/map_files/<range>`, else
 //! `/proc/PID/root/<path>`), never by its path in the tracer's own mount namespace, where a
 //! container's `/usr/lib/...` is another file and would give wrong names; a mapping that
-//! cannot be opened that way shows as its module name. Kernel frames come
+//! cannot be opened that way shows as its module name. Where the file at the same path in the
+//! tracer's namespace has another GNU build-id, the session warns once (tools run there, such
+//! as perf or addr2line, would name other code). Kernel frames come
 //! from `/proc/kallsyms` and carry the `_[k]` suffix that inferno and perf use for kernel code.
 //!
 //! Generic argument lists are dropped from user frames (see [`shorten_generics`]). Every name
@@ -17,6 +19,7 @@
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -98,9 +101,74 @@ impl ProcessMaps {
 /// CAP_SYS_ADMIN), else its path under the process's root (its mount namespace).
 fn open_as_seen_by(pid: u32, m: &ExecMapping) -> Option<File> {
     let range = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-    File::open(range).ok().or_else(|| {
+    open_regular(Path::new(&range)).or_else(|| {
         let relative = m.path.strip_prefix("/").unwrap_or(&m.path);
-        File::open(Path::new(&format!("/proc/{pid}/root")).join(relative)).ok()
+        open_regular(&Path::new(&format!("/proc/{pid}/root")).join(relative))
+    })
+}
+
+/// `path` opened for reading if it is a regular file. The path is the target's to choose: it
+/// may name a FIFO (an open would wait for a writer) or a device here (an open is the
+/// driver's to act on), so it is looked at through an `O_PATH` handle, which opens nothing,
+/// and only a regular file is opened, through that handle.
+fn open_regular(path: &Path) -> Option<File> {
+    let handle = File::options()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(path)
+        .ok()?;
+    if !handle.metadata().ok()?.is_file() {
+        return None;
+    }
+    File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+        .ok()
+}
+
+/// The GNU build-id note of the ELF file `file`, if it has one. Reads only the headers and
+/// the notes, not the whole file.
+pub fn build_id(file: &File) -> Option<Vec<u8>> {
+    use object::Object as _;
+    let cache = object::ReadCache::new(file);
+    let elf = object::File::parse(&cache).ok()?;
+    Some(elf.build_id().ok()??.to_vec())
+}
+
+/// A mapped file whose build-id differs from the file at its path in the tracer's own mount
+/// namespace: the target's file is the one read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OtherBuild {
+    pub path: PathBuf,
+    /// The build-id of the file the target mapped.
+    pub target: Vec<u8>,
+    /// The build-id of the file at the same path in the tracer's namespace.
+    pub tracer: Vec<u8>,
+}
+
+impl std::fmt::Display for OtherBuild {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hex = |id: &[u8]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        write!(
+            f,
+            "{} (the target's build-id {}, the tracer's {})",
+            self.path.display(),
+            hex(&self.target),
+            hex(&self.tracer)
+        )
+    }
+}
+
+/// Compares the build-id of `target` (the mapped file, opened as the target sees it) with that
+/// of the file at `path` in the tracer's namespace; `None` when they agree or either is unknown.
+fn other_build(path: &Path, target: &File) -> Option<OtherBuild> {
+    let tracer = build_id(&open_regular(path)?)?;
+    let target = build_id(target)?;
+    (target != tracer).then(|| OtherBuild {
+        path: path.to_owned(),
+        target,
+        tracer,
     })
 }
 
@@ -179,6 +247,8 @@ pub struct Symbolizer {
     /// The mapped files opened as the target sees them, by mapping path; `None`: the paths are
     /// used as they are (a snapshot without a process, as in tests).
     opened: Option<HashMap<PathBuf, File>>,
+    /// Of those, the ones another file (by build-id) stands for at the same path here.
+    other_builds: Vec<OtherBuild>,
     kernel: bool,
     user_addrs: HashMap<u64, Rc<[String]>>,
     kernel_addrs: HashMap<u64, Rc<str>>,
@@ -194,21 +264,32 @@ impl Symbolizer {
     }
 
     /// For the mappings `maps` of live process `pid`: each file is opened now through the
-    /// process's own view of it, and only those opened files are read.
+    /// process's own view of it, and only those opened files are read. Their build-ids are
+    /// compared with the files at the same paths here ([`Symbolizer::other_builds`]).
     pub fn opened(pid: u32, maps: ProcessMaps) -> Self {
         let mut opened = HashMap::new();
+        let mut other_builds = Vec::new();
         for m in maps.mappings().iter().filter(|m| m.path.is_absolute()) {
             if opened.contains_key(&m.path) {
                 continue;
             }
             if let Some(file) = open_as_seen_by(pid, m) {
+                other_builds.extend(other_build(&m.path, &file));
                 opened.insert(m.path.clone(), file);
             }
         }
         Symbolizer {
             opened: Some(opened),
+            other_builds,
             ..Self::new(maps)
         }
+    }
+
+    /// The target's mapped files that differ by build-id from the files at their paths in the
+    /// tracer's mount namespace (a container's libraries, a binary replaced on disk). Frames
+    /// are named from the target's files all the same.
+    pub fn other_builds(&self) -> &[OtherBuild] {
+        &self.other_builds
     }
 
     pub fn new(maps: ProcessMaps) -> Self {
@@ -216,6 +297,7 @@ impl Symbolizer {
             blaze: Blaze::new(),
             maps,
             opened: None,
+            other_builds: Vec::new(),
             kernel: kallsyms_readable(),
             user_addrs: HashMap::new(),
             kernel_addrs: HashMap::new(),
@@ -403,6 +485,26 @@ garbage line
         assert_eq!(&*sym.user_frames(0x7ffd00000010), ["[[vdso]]"]);
         // The file does not exist: the frame still says where the address was.
         assert_eq!(&*sym.user_frames(0x55d0c0100010), ["[gateway]"]);
+    }
+
+    /// A FIFO named by a mapping's path would block a plain open until a writer came; a device
+    /// would be opened by its driver.
+    #[test]
+    fn only_regular_files_are_opened_and_a_fifo_does_not_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR,
+            0,
+        )
+        .unwrap();
+        assert!(open_regular(&fifo).is_none());
+        assert!(open_regular(dir.path()).is_none(), "a directory");
+        assert!(open_regular(Path::new("/dev/null")).is_none(), "a device");
+        assert!(open_regular(Path::new("/proc/self/exe")).is_some());
     }
 
     #[test]

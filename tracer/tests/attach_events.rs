@@ -228,7 +228,7 @@ fn item10_other_netns_same_port_is_not_the_targets() {
     }
     let me = std::env::current_exe().unwrap();
     let (mut fixture, addr) = spawn_listen_only(&me);
-    let target = Target::open(fixture.id()).unwrap();
+    let target = Target::open(fixture.pid()).unwrap();
     let options = Options {
         sample_hz: 0,
         ring_bytes: 1 << 20,
@@ -267,7 +267,6 @@ fn item10_other_netns_same_port_is_not_the_targets() {
         std::thread::sleep(Duration::from_millis(20));
     }
     fixture.kill().unwrap();
-    fixture.wait().unwrap();
     session.detach();
     assert_eq!(
         established,
@@ -321,7 +320,7 @@ fn stacks_are_not_lost_to_hash_collisions() {
     const ENTRIES: u32 = 512;
     let me = std::env::current_exe().unwrap();
     let mut fixture = spawn_fixture(&me, 600.0);
-    let target = Target::open(fixture.id()).unwrap();
+    let target = Target::open(fixture.pid()).unwrap();
     let options = Options {
         sample_hz: 299,
         ring_bytes: 1 << 22,
@@ -351,7 +350,6 @@ fn stacks_are_not_lost_to_hash_collisions() {
     }
     session.detach();
     fixture.kill().unwrap();
-    fixture.wait().unwrap();
 
     let failed: u64 = drops
         .get(&0, 0)

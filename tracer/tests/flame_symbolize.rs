@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::fs;
 
-use tracer::symbolize::{KERNEL_MARK, ProcessMaps, Symbolizer, kallsyms_readable};
+use tracer::symbolize::{
+    KERNEL_MARK, OtherBuild, ProcessMaps, Symbolizer, build_id, kallsyms_readable,
+};
 
 #[inline(never)]
 fn a_known_function_of_this_test(x: u64) -> u64 {
@@ -116,4 +118,74 @@ fn item3_mapped_files_are_opened_as_the_target_sees_them() {
         !frames.iter().any(|f| f.contains("a_known_function")),
         "frames: {frames:?}"
     );
+}
+
+/// Kills and reaps the child on drop, so a failed assertion leaves nothing running.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue 21 item 3, build-ids: the target runs a binary at a path where, in its own mount
+/// namespace only, another file is bind-mounted. The symbolizer reads the target's file and
+/// names the difference: both build-ids, the target's first.
+#[test]
+fn item3_a_path_that_is_another_build_for_the_target_is_named() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (unshare --mount, mount --bind)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("prog");
+    let theirs = dir.path().join("theirs");
+    fs::copy("/usr/bin/true", &path).unwrap();
+    fs::copy("/usr/bin/sleep", &theirs).unwrap();
+    let id = |p: &std::path::Path| build_id(&fs::File::open(p).unwrap()).expect("a build-id");
+    let (ours_id, theirs_id) = (id(&path), id(&theirs));
+    assert_ne!(ours_id, theirs_id);
+
+    // unshare and sh exec in turn: the child's pid is the target's.
+    let target = Reaped(
+        std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(r#"mount --bind "$1" "$2" && exec "$2" 600"#)
+            .arg("sh")
+            .args([&theirs, &path])
+            .spawn()
+            .expect("running unshare"),
+    );
+    let pid = target.0.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let maps = loop {
+        let maps = ProcessMaps::read(pid).unwrap();
+        if maps.mappings().iter().any(|m| m.path == path) {
+            break maps;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the target never mapped {}",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let symbolizer = Symbolizer::opened(pid, maps);
+    assert_eq!(
+        symbolizer.other_builds(),
+        [OtherBuild {
+            path: path.clone(),
+            target: theirs_id,
+            tracer: ours_id,
+        }]
+    );
+    // The libraries are the same files for both: no other difference is named.
+    let here = Symbolizer::opened(
+        std::process::id(),
+        ProcessMaps::read(std::process::id()).unwrap(),
+    );
+    assert_eq!(here.other_builds(), []);
 }

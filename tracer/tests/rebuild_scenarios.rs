@@ -1119,3 +1119,44 @@ fn item12_late_event_is_a_loss_not_an_underflow() {
     assert_eq!(incomplete(&out, 1), "event out of order");
     assert_consistent(complete(&out, 2));
 }
+
+/// Issue 21 item 12, one reason: an event released just behind the newest one gives the
+/// request it overlaps "event out of order" wherever in the request it lands, before its begin
+/// (the arrival seen, the request not yet open) as well as while it is open or held.
+#[test]
+fn item12_a_late_event_gives_one_reason_wherever_it_lands() {
+    const LATE_NS: u64 = 10;
+    let mut s = Stream::new();
+    upstream_request(&mut s, 0, 101, 101, 1, &conn(1));
+    let events = s.events();
+    let mut reasons = std::collections::BTreeMap::new();
+    for split in 1..=events.len() {
+        let newest = events[split - 1].ts_ns;
+        let mut late = Stream::new();
+        late.wakeup(newest - LATE_NS, 300);
+        let mut rb = Rebuilder::new();
+        for ev in events[..split]
+            .iter()
+            .chain(&late.events())
+            .chain(&events[split..])
+        {
+            rb.push(ev);
+        }
+        let out = rb.finish(10_000);
+        let reason = out.iter().find_map(|o| match o {
+            Outcome::Incomplete(i) if i.req_id == 1 => Some(i.reason.clone()),
+            _ => None,
+        });
+        if let Some(reason) = reason {
+            reasons.insert(newest, reason);
+        }
+    }
+    assert!(
+        reasons.contains_key(&1000),
+        "a late event just after the arrival spared the request: {reasons:?}"
+    );
+    assert!(
+        reasons.values().all(|r| r == "event out of order"),
+        "one late event, several reasons (by the newest event's ts): {reasons:?}"
+    );
+}

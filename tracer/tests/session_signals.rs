@@ -176,3 +176,66 @@ exit $rc"#;
     assert!(stderr.contains("tracer: unmounted tracefs"), "{stderr}");
     setup.assert_outputs(&stderr);
 }
+
+/// A second Ctrl-C exits at once, and still unmounts tracefs the tracer mounted (in a mount
+/// namespace of its own, as above).
+#[test]
+fn a_second_sigint_still_unmounts_tracefs_the_tracer_mounted() {
+    if !require_root("a_second_sigint_still_unmounts_tracefs_the_tracer_mounted") {
+        return;
+    }
+    let setup = Setup::new();
+    // The inner sh names the tracer's pid, then becomes the tracer, in the foreground (a
+    // background job would ignore SIGINT). Exit 99: tracefs still mounted after the tracer.
+    let script = r#"umount /sys/kernel/tracing || exit 98
+sh -c 'echo "tracer pid $$" >&2; exec "$@"' sh "$@"; rc=$?
+grep -q ' /sys/kernel/tracing tracefs ' /proc/self/mounts && exit 99
+exit $rc"#;
+    let mut child = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(env!("CARGO_BIN_EXE_tracer"))
+        .args(setup.args(&[]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running unshare");
+    let (lines, received) = std::sync::mpsc::channel();
+    let pipe = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let mut seen = String::new();
+    let mut wait_for = |prefix: &str| loop {
+        let line = received
+            .recv_timeout(READY)
+            .unwrap_or_else(|_| panic!("no `{prefix}` line:\n{seen}"));
+        seen.push_str(&line);
+        seen.push('\n');
+        if let Some(rest) = line.strip_prefix(prefix) {
+            break rest.to_owned();
+        }
+    };
+    let pid: i32 = wait_for("tracer pid ").parse().unwrap();
+    wait_for("tracer: mounted tracefs");
+    wait_for("tracer: program ids ");
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: the tracer is the shell's child, not reaped until the shell has waited for it.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    wait_for("tracer: stopping (signal 2)");
+    // SAFETY: as above; the shell is still waiting for it.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    assert_ne!(status.code(), Some(99), "tracefs is still mounted:\n{seen}");
+    assert_eq!(status.code(), Some(130), "{status}:\n{seen}");
+}

@@ -78,8 +78,9 @@ enum Command {
         /// (default: half the open-file limit, at most 65536).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
         max_connections: Option<u32>,
-        /// On SIGTERM or Ctrl-C, how long requests in flight may take to finish their receipts
-        /// before the rest are cut off, in ms.
+        /// On SIGTERM or Ctrl-C, how long requests in flight may take to finish before the rest
+        /// are cut off, in ms. A request already at its upstream call is not cut off: it gets
+        /// its receipt however long that takes (up to the service's upstream timeout).
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
         shutdown_grace_ms: u64,
     },
@@ -109,7 +110,8 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
-    /// Check every receipt's hash, chain link, signature and seq continuity (read-only).
+    /// Check every receipt's hash, chain link, signature and seq continuity (read-only);
+    /// `--pubkey HEX` and `--expect-head SEQ:HASH` check against what was published.
     ///
     /// On its own this proves only that the database is self-consistent: whoever can write it
     /// can rewrite the keys and re-sign, or cut off the tail. Give what was published earlier
@@ -127,8 +129,12 @@ enum Command {
         #[arg(long, value_name = "SEQ:HASH")]
         expect_head: Option<Head>,
     },
-    /// Print the signed head: the newest receipt's seq and entry hash (as SEQ:HASH for
-    /// `verify --expect-head`), its signature and the signer's public key.
+    /// Verify the ledger, then print its signed head (`head=SEQ:HASH` for `verify
+    /// --expect-head`).
+    ///
+    /// The ledger is checked as `verify` with no flags checks it, and nothing is printed if it
+    /// fails. Printed: the newest receipt's seq and entry hash, its signature and the signer's
+    /// key id and public key.
     Head {
         /// SQLite database file.
         #[arg(long)]
@@ -354,7 +360,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Head { db } => {
-            let conn = gateway::db::open_read_only(&db)?;
+            let mut conn = gateway::db::open_read_only(&db)?;
+            // One read snapshot: the head printed is the one verified, even while a gateway
+            // appends.
+            let conn = conn.transaction()?;
+            // A head is for publishing: one from a broken chain would vouch for it.
+            if let Verdict::Bad { seq, reason } = verify::verify(&conn, &Published::default())? {
+                anyhow::bail!(
+                    "the ledger does not verify (bad receipt at seq {seq}: {reason}); no head printed"
+                );
+            }
             let Some(last) = verify::last(&conn)? else {
                 anyhow::bail!("the ledger has no receipts yet");
             };
@@ -452,7 +467,7 @@ fn serve(
         let drained = gateway::server::serve(app.clone(), listener, limits, shutdown).await;
         if !drained {
             eprintln!(
-                "shutdown: requests still in flight after {} ms are cut off",
+                "shutdown: requests that had not reached the upstream after {} ms are cut off",
                 limits.grace.as_millis()
             );
         }

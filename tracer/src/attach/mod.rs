@@ -295,9 +295,9 @@ impl Session {
         Ok(misses)
     }
 
-    /// Per syscall kretprobe, the calls whose exit it missed (its instances ran out); `None`
-    /// where the kernel does not say. Empty unless syscalls are kprobes.
-    pub fn kretprobe_missed(&self) -> Option<Vec<(String, u64)>> {
+    /// Per syscall kretprobe, the calls whose exit it missed (its instances ran out), or why
+    /// that is unknown. Empty unless syscalls are kprobes.
+    pub fn kretprobe_missed(&self) -> Result<Vec<(String, u64)>, String> {
         self.kprobes.kretprobe_missed()
     }
 

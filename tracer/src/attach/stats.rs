@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use aya::{
     Ebpf,
     programs::{KProbe, links::FdLink},
+    util::KernelVersion,
 };
 use aya_obj::generated::{
     bpf_attr, bpf_cmd, bpf_link_info, bpf_link_type, bpf_perf_event_type, bpf_prog_info,
@@ -71,9 +72,27 @@ fn link_fd_by_id(id: u32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// The first kernel whose kprobe perf links report `missed`; older ones leave the field 0,
+/// which would read as "none missed".
+const KPROBE_MISSED_SINCE: KernelVersion = KernelVersion::new(6, 7, 0);
+
+/// Why a kprobe link's missed count means nothing on `kernel` (None: it is reported).
+pub fn kprobe_missed_unreported(kernel: Option<KernelVersion>) -> Option<String> {
+    match kernel {
+        Some(version) if version >= KPROBE_MISSED_SINCE => None,
+        Some(version) => Some(format!(
+            "Linux {version} does not report a kprobe link's missed count ({KPROBE_MISSED_SINCE}+)"
+        )),
+        None => Some(format!(
+            "the kernel's version is unknown, and kprobe links report missed counts only from \
+             {KPROBE_MISSED_SINCE}"
+        )),
+    }
+}
+
 /// Missed hits of a kprobe or kretprobe perf link (for a kretprobe: calls entered with no free
-/// instance, whose exit never ran the program). None where the kernel does not say (a link
-/// that is not a kprobe perf link; kernels before 6.7 leave it 0, which cannot be told apart).
+/// instance, whose exit never ran the program). None where the link is not a kprobe perf
+/// link. Before 6.7 it is 0 whatever was missed: see [`kprobe_missed_unreported`].
 pub fn kprobe_missed(link_fd: BorrowedFd<'_>) -> Option<u64> {
     let info: bpf_link_info = info_by_fd(link_fd).ok()?;
     if info.type_ != bpf_link_type::BPF_LINK_TYPE_PERF_EVENT as u32 {
@@ -125,23 +144,41 @@ impl KprobeLinks {
         Ok(out)
     }
 
-    /// Per kretprobe program, the calls whose exit it missed; `None` if any link's count
-    /// cannot be read. Empty when no kprobe was attached.
-    pub fn kretprobe_missed(&self) -> Option<Vec<(String, u64)>> {
+    /// Per kretprobe program, the calls whose exit it missed, or why that is unknown (the
+    /// kernel does not report it, or a link's count cannot be read). Empty when no kretprobe
+    /// was attached: none can have missed.
+    pub fn kretprobe_missed(&self) -> Result<Vec<(String, u64)>, String> {
         if self.unavailable {
-            return None;
+            return Err(
+                "kprobes are attached without BPF links on this kernel (before 5.15): no missed \
+                 count to read"
+                    .to_owned(),
+            );
         }
-        let mut missed = Vec::new();
-        for (name, link) in self
+        let mut kretprobes = self
             .links
             .iter()
             .filter(|(n, _)| n.starts_with("kretprobe_"))
-        {
-            let id = link.info().ok()?.id();
-            let fd = link_fd_by_id(id).ok()?;
-            missed.push((name.clone(), kprobe_missed(fd.as_fd())?));
+            .peekable();
+        if kretprobes.peek().is_none() {
+            return Ok(Vec::new());
         }
-        Some(missed)
+        if let Some(reason) = kprobe_missed_unreported(KernelVersion::current().ok()) {
+            return Err(reason);
+        }
+        let mut missed = Vec::new();
+        for (name, link) in kretprobes {
+            let count = link
+                .info()
+                .map_err(|e| e.to_string())
+                .and_then(|info| link_fd_by_id(info.id()).map_err(|e| e.to_string()))
+                .and_then(|fd| {
+                    kprobe_missed(fd.as_fd()).ok_or_else(|| "not a kprobe perf link".to_owned())
+                })
+                .map_err(|e| format!("reading the missed count of {name}'s link: {e}"))?;
+            missed.push((name.clone(), count));
+        }
+        Ok(missed)
     }
 }
 
@@ -157,5 +194,19 @@ mod tests {
         assert!(recursion_misses(file.as_fd()).is_err());
         assert_eq!(kprobe_missed(file.as_fd()), None);
         assert!(link_fd_by_id(u32::MAX).is_err());
+    }
+
+    /// Issue 21 item 9: before 6.7 a kprobe link's `missed` reads 0 whatever was missed, so
+    /// the count is unknown there, not 0.
+    #[test]
+    fn item9_kprobe_missed_is_unknown_before_6_7() {
+        for old in [KernelVersion::new(6, 1, 0), KernelVersion::new(6, 6, 63)] {
+            let reason = kprobe_missed_unreported(Some(old)).expect("unknown before 6.7");
+            assert!(reason.contains(&old.to_string()), "{reason}");
+        }
+        assert!(kprobe_missed_unreported(None).is_some());
+        for new in [KernelVersion::new(6, 7, 0), KernelVersion::new(6, 18, 0)] {
+            assert_eq!(kprobe_missed_unreported(Some(new)), None);
+        }
     }
 }

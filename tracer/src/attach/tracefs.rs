@@ -12,6 +12,8 @@ use rustix::mount::{MountFlags, UnmountFlags, mount, unmount};
 use tracer_ebpf::tracepoints::{EXIT_DEAD, EXIT_ZOMBIE, Field, Layout, TASK_REPORT_MAX};
 
 pub const TRACEFS: &str = "/sys/kernel/tracing";
+/// [`TRACEFS`] for a signal handler, which must not allocate a C string.
+const TRACEFS_C: &std::ffi::CStr = c"/sys/kernel/tracing";
 
 /// Set once this process mounted tracefs, so that it leaves the machine as it found it.
 static MOUNTED_BY_US: AtomicBool = AtomicBool::new(false);
@@ -53,6 +55,14 @@ impl Drop for UnmountOnDrop {
             Ok(()) => say!("tracer: unmounted tracefs from {TRACEFS}"),
             Err(e) => say!("tracer: WARNING could not unmount tracefs from {TRACEFS}: {e}"),
         }
+    }
+}
+
+/// [`UnmountOnDrop`] for a signal handler about to `_exit` (a second Ctrl-C), where no drop
+/// runs: async-signal-safe (an atomic swap and one syscall; no allocation, no message).
+pub fn unmount_from_signal_handler() {
+    if MOUNTED_BY_US.swap(false, Ordering::SeqCst) {
+        let _ = unmount(TRACEFS_C, UnmountFlags::DETACH);
     }
 }
 
@@ -210,6 +220,11 @@ format:
 	field:pid_t next_pid;	offset:56;	size:4;	signed:1;
 
 print fmt: "prev_state=%s%s", (REC->prev_state & ((((0x00000000 | 0x00000001 | 0x00000002 | 0x00000004 | 0x00000008 | 0x00000010 | 0x00000020 | 0x00000040) + 1) << 1) - 1)) ? __print_flags(REC->prev_state & ((((0x00000000 | 0x00000001 | 0x00000002 | 0x00000004 | 0x00000008 | 0x00000010 | 0x00000020 | 0x00000040) + 1) << 1) - 1), "|", { 0x00000001, "S" }) : "R", REC->prev_state & (((0x00000000 | 0x00000001 | 0x00000002 | 0x00000004 | 0x00000008 | 0x00000010 | 0x00000020 | 0x00000040) + 1) << 1) ? "+" : "", REC->next_comm"#;
+
+    #[test]
+    fn the_signal_handlers_path_is_tracefs() {
+        assert_eq!(TRACEFS_C.to_str(), Ok(TRACEFS));
+    }
 
     #[test]
     fn parses_fields_and_array_names() {

@@ -65,15 +65,22 @@ pub fn add_recursion_misses(
 }
 
 /// Adds the syscall kretprobes' missed exits (their instances ran out) to the `drops`
-/// section: the sum and the programs with any, or null where the kernel does not say (0
-/// unless syscalls were kprobes). Returns the warning to print, if any exit was missed.
+/// section: the sum and the programs with any (0 unless syscalls were kprobes), or null and
+/// `kretprobe_missed_note` saying why where it is unknown. Returns the line to print, if any
+/// exit was missed or the count is unknown.
 pub fn add_kretprobe_missed(
     drops: &mut session::breakdown::Drops,
-    missed: Option<&[(String, u64)]>,
+    missed: Result<&[(String, u64)], &str>,
 ) -> Option<String> {
-    let Some(missed) = missed else {
-        drops.kretprobe_missed = Some(None);
-        return None;
+    let missed = match missed {
+        Ok(missed) => missed,
+        Err(reason) => {
+            drops.kretprobe_missed = Some(None);
+            drops.kretprobe_missed_note = Some(reason.to_owned());
+            return Some(format!(
+                "tracer: syscall exits missed by kretprobes are not counted: {reason}"
+            ));
+        }
     };
     let total: u64 = missed.iter().map(|(_, n)| n).sum();
     drops.kretprobe_missed = Some(Some(total));
@@ -134,23 +141,24 @@ mod tests {
         );
     }
 
-    /// Issue 21 item 9: kretprobe misses are reported under `drops`, null where unknown.
+    /// Issue 21 item 9: kretprobe misses are reported under `drops`, null with a note where
+    /// unknown.
     #[test]
     fn item9_kretprobe_missed_in_drops() {
         let mut drops = to_model(&Drops::default());
-        assert_eq!(add_kretprobe_missed(&mut drops, None), None);
-        assert_eq!(
-            drops.kretprobe_missed,
-            Some(None),
-            "null: the kernel does not say"
-        );
-        assert_eq!(add_kretprobe_missed(&mut drops, Some(&[])), None);
+        let why = "Linux 6.1.0 does not report a kprobe link's missed count (6.7.0+)";
+        let note = add_kretprobe_missed(&mut drops, Err(why)).expect("a line saying why");
+        assert!(note.contains(why), "{note}");
+        assert_eq!(drops.kretprobe_missed, Some(None));
+        assert_eq!(drops.kretprobe_missed_note.as_deref(), Some(why));
+        let mut drops = to_model(&Drops::default());
+        assert_eq!(add_kretprobe_missed(&mut drops, Ok(&[])), None);
         assert_eq!(drops.kretprobe_missed, Some(Some(0)));
         let missed = [
             ("kretprobe_sys_read".to_owned(), 4),
             ("kretprobe_sys_write".to_owned(), 0),
         ];
-        let warning = add_kretprobe_missed(&mut drops, Some(&missed)).unwrap();
+        let warning = add_kretprobe_missed(&mut drops, Ok(&missed)).unwrap();
         assert!(warning.contains("4 syscall exits"), "{warning}");
         assert_eq!(
             drops.kretprobe_missed_by_program,

@@ -366,14 +366,24 @@ impl Pictures {
             0 => session,
             hz => session.with_sample_hz(hz),
         };
+        let symbolizer =
+            Symbolizer::for_process(pid).context("snapshotting the target's mappings")?;
+        // Once a session: the frames are right, but tools run in the tracer's namespace are not.
+        if let [first, rest @ ..] = symbolizer.other_builds() {
+            say!(
+                "tracer: WARNING {} of the target's mapped files differ from the files at their \
+                 paths in the tracer's mount namespace, first {first}; frames are named from the \
+                 target's files",
+                rest.len() + 1
+            );
+        }
         Ok(Pictures {
             session: if wait_for {
                 session.with_wait_for()
             } else {
                 session
             },
-            symbolizer: Symbolizer::for_process(pid)
-                .context("snapshotting the target's mappings")?,
+            symbolizer,
             threads: trace_json::read_thread_names(pid),
             pid,
         })

@@ -39,7 +39,8 @@
 //! - A request breaks (→ `Incomplete`, emitted at once) on the first inconsistent event:
 //!   duplicate or unmatched poll events, an unknown phase id, a begin for an id still open, events for an id
 //!   whose begin was never seen (once per id), a loss span over its interval (an event older
-//!   than one already pushed is a loss span from its ts to the newest), or no `t_done`
+//!   than one already pushed is a loss span from its ts to the newest, "event out of order"
+//!   whether it reaches the request before its begin or after), or no `t_done`
 //!   within [`MAX_OPEN_NS`]. Later events for a finished id are ignored.
 //! - Requests are keyed by the gateway's probe id (`RequestBegin` a0, unique per process);
 //!   outcomes carry the client's `x-request-id` (a2; 0 from a gateway that passes none: the
@@ -213,10 +214,19 @@ pub struct Rebuilder {
     finished: RecentIds,
     /// Client ids of recently begun requests.
     clients: RecentIds,
-    losses: Vec<(u64, u64)>,
+    /// Loss spans still within the history kept, each with the reason its requests get.
+    losses: Vec<Loss>,
     held: BTreeMap<(u64, u64), Outcome>,
     next_maintenance: u64,
     kernel: KernelStats,
+}
+
+/// Events missing in `[from, to]`: lost by the kernel, or one released too late to be used.
+#[derive(Clone, Copy, Debug)]
+struct Loss {
+    from: u64,
+    to: u64,
+    reason: &'static str,
 }
 
 fn incomplete(req_id: u64, reason: &str) -> Outcome {
@@ -322,8 +332,12 @@ impl Rebuilder {
         self.lose((from_ns.min(to_ns), from_ns.max(to_ns)), "events lost");
     }
 
-    fn lose(&mut self, span: (u64, u64), reason: &str) {
-        self.losses.push(span);
+    fn lose(&mut self, span: (u64, u64), reason: &'static str) {
+        self.losses.push(Loss {
+            from: span.0,
+            to: span.1,
+            reason,
+        });
         for outcome in self.held.values_mut() {
             if let Outcome::Complete(r) = outcome
                 && overlaps(span, r.t_arrive_ns, r.t_done_ns)
@@ -370,6 +384,16 @@ impl Rebuilder {
         self.by_client_fd.clear();
         self.by_upstream_fd.clear();
         out
+    }
+
+    /// The reason of the first loss span over `[from, to]`: a request gets the same reason
+    /// whether the span came before its begin or while it was open or held (the first span to
+    /// reach it decides, there too).
+    fn loss_over(&self, from: u64, to: u64) -> Option<&'static str> {
+        self.losses
+            .iter()
+            .find(|l| overlaps((l.from, l.to), from, to))
+            .map(|l| l.reason)
     }
 
     /// The request `tid` is polling (innermost), if any.
@@ -560,8 +584,8 @@ impl Rebuilder {
         let arrival = self.sockets.pending_arrival(fd).and_then(|t| {
             if t > ts {
                 Err("arrival not seen")
-            } else if self.losses.iter().any(|&span| overlaps(span, t, ts)) {
-                Err("events lost")
+            } else if let Some(reason) = self.loss_over(t, ts) {
+                Err(reason)
             } else {
                 Ok(t)
             }
@@ -801,15 +825,15 @@ impl Rebuilder {
         self.writer.prune(horizon);
         self.cpus.prune(horizon);
         self.activity.prune(horizon);
-        self.losses.retain(|&(_, to)| to >= horizon);
+        self.losses.retain(|l| l.to >= horizon);
         self.polling.retain(|_, s| !s.is_empty());
     }
 
     /// Build the record of a request whose `t_done` is known.
     fn complete(&mut self, req: &OpenRequest, t_done: u64) -> Result<RequestRecord, &'static str> {
         let t_arrive = req.t_arrive;
-        if self.losses.iter().any(|&s| overlaps(s, t_arrive, t_done)) {
-            return Err("events lost");
+        if let Some(reason) = self.loss_over(t_arrive, t_done) {
+            return Err(reason);
         }
         let status = req.status.ok_or("request end not seen")?;
         let (first, last) = match (req.polls.first(), req.polls.last()) {
