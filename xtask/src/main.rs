@@ -1,24 +1,16 @@
 //! Developer tasks: `cargo xtask <command>`.
 
-mod ab;
-mod baseline;
-mod bench;
-mod flags;
-mod machine;
-mod privilege;
-mod procs;
-mod procstat;
-mod profile;
-mod profiles_index;
+//!
+//! The measurement commands (bench, profile, profiles-index, validate) are the `harness`
+//! crate's; xtask forwards them under the same names.
+
 mod run_tracer;
-mod session_dir;
 mod setup;
 mod test;
-mod validate;
 mod vmtest;
-mod workspace;
 
 use clap::{Parser, Subcommand};
+use harness::{bench, profile, profiles_index, validate};
 
 #[derive(Parser)]
 #[command(about = "Developer tasks for the gateway and its tracer")]
@@ -54,9 +46,9 @@ fn main() -> anyhow::Result<()> {
         Command::Test(args) => test::run(args),
         Command::Bench(args) => bench::run(args),
         Command::RunTracer(args) => run_tracer::run(args),
-        Command::Profile(args) => profile::run(args),
+        Command::Profile(args) => profile::run(args, setup::ensure),
         Command::ProfilesIndex(args) => profiles_index::run(args),
-        Command::Validate(args) => validate::run(args),
+        Command::Validate(args) => validate::run(args, setup::ensure),
         Command::Vmtest(args) => vmtest::run(args),
     }
 }

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::privilege::Runner;
+use harness::privilege::Runner;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -32,8 +32,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let runner = Runner::detect();
     runner.authorize("cargo xtask run-tracer")?;
     crate::setup::ensure()?;
-    let tracer =
-        crate::procs::cargo_build_release(&["-p", "tracer", "--bin", "tracer"])?.find("tracer")?;
+    let tracer = harness::procs::cargo_build_release(&["-p", "tracer", "--bin", "tracer"])?
+        .find("tracer")?;
     // The user's directory: the tracer (root) writes into it, and it is handed back after.
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;

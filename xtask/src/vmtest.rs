@@ -19,7 +19,9 @@ use std::{
 
 use anyhow::{Context as _, bail, ensure};
 
-use crate::{procs, setup};
+use harness::procs;
+
+use crate::setup;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -121,14 +123,14 @@ fn ensure_packages() -> anyhow::Result<PathBuf> {
     if !missing.is_empty() {
         eprintln!("vmtest: installing {}", missing.join(" "));
         // Without recommends: QEMU's pull in a desktop's worth of packages.
-        setup::apt_install(&missing, false)?;
+        harness::install::apt_install(&missing, false)?;
     }
     if let Some(path) = qemu::find_virtiofsd() {
         return Ok(path);
     }
     // Debian 13 ships it apart from QEMU.
     eprintln!("vmtest: installing virtiofsd");
-    setup::apt_install(&["virtiofsd"], false)?;
+    harness::install::apt_install(&["virtiofsd"], false)?;
     qemu::find_virtiofsd().context("virtiofsd not found after installing it")
 }
 
@@ -142,7 +144,7 @@ fn installed(package: &str) -> bool {
 
 /// Where cargo builds: `CARGO_TARGET_DIR`, else the workspace's `target/`.
 fn target_dir() -> PathBuf {
-    let root = crate::workspace::root();
+    let root = harness::workspace::root();
     match env::var_os("CARGO_TARGET_DIR") {
         Some(dir) => root.join(dir),
         None => root.join("target"),
@@ -153,7 +155,7 @@ fn target_dir() -> PathBuf {
 fn build_tests(tests: &[String]) -> anyhow::Result<Vec<(String, PathBuf)>> {
     let mut command = Command::new(env!("CARGO"));
     command
-        .current_dir(crate::workspace::root())
+        .current_dir(harness::workspace::root())
         .args(["test", "--no-run", "-p", "tracer"]);
     for test in tests {
         command.args(["--test", test]);

@@ -7,7 +7,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-const CRATES: [&str; 5] = ["gateway", "loadgen", "tracer", "tracer-ebpf", "xtask"];
+const CRATES: [&str; 8] = [
+    "gateway",
+    "harness",
+    "loadgen",
+    "session",
+    "testproc",
+    "tracer",
+    "tracer-ebpf",
+    "xtask",
+];
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
 

@@ -1,5 +1,5 @@
 //! RESULTS.md of a bench run, from its typed results.json by the template
-//! `xtask/templates/bench-results.md`. The verdicts are the rows' own ([`Gate`]); what the
+//! `harness/templates/bench-results.md`. The verdicts are the rows' own ([`Gate`]); what the
 //! reading computes from the rows is computed here, and the template only lays it out.
 
 use std::collections::BTreeMap;

@@ -442,14 +442,19 @@ impl Timing {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+/// `ensure_toolchain` installs the eBPF toolchain the tracer's build needs when it is missing
+/// (xtask's `setup::ensure`), after the cheap checks of the flags and the privilege prompt.
+pub fn run(
+    args: Args,
+    ensure_toolchain: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     if let Some(dir) = &args.render {
         let readme = readme::render_dir(dir)?;
         eprintln!("xtask: wrote {}", readme.display());
         return Ok(());
     }
     crate::privilege::Runner::detect().authorize("cargo xtask validate")?;
-    crate::setup::ensure()?;
+    ensure_toolchain()?;
     let started = Instant::now();
     let timing = Timing::of(&args);
     let out = crate::session_dir::prepare(args.out.as_deref(), "validation", args.overwrite)?;

@@ -145,7 +145,12 @@ pub struct SessionFacts {
     pub compare: Option<String>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+/// `ensure_toolchain` installs the eBPF toolchain the tracer's build needs when it is missing
+/// (xtask's `setup::ensure`), after the cheap checks of the flags and the privilege prompt.
+pub fn run(
+    args: Args,
+    ensure_toolchain: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     // Read before anything runs, so a bad --compare costs nothing.
     if let Some(dir) = &args.compare {
         compare::TailFacts::read(dir)
@@ -153,7 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     crate::privilege::Runner::detect().authorize("cargo xtask profile")?;
     // `cargo build -p tracer` below needs the eBPF toolchain; a fresh machine gets it here.
-    crate::setup::ensure()?;
+    ensure_toolchain()?;
     let started = Instant::now();
     // Before anything is built or started: the commit measured, and the load average the
     // session started from.

@@ -1,4 +1,4 @@
-//! Where xtask's files live and how it reads them: the workspace root, the logs of its quiet
+//! Where the harness's files live and how it reads them: the workspace root, the logs of its quiet
 //! steps, and a run's typed JSON files.
 
 use std::env;
@@ -12,7 +12,7 @@ use anyhow::Context as _;
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("xtask lives in the workspace")
+        .expect("the harness lives in the workspace")
         .to_path_buf()
 }
 

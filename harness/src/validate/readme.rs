@@ -1,5 +1,5 @@
 //! README.md of a validation run, written only from validation.json's typed figures by the
-//! template `xtask/templates/validation-readme.md`.
+//! template `harness/templates/validation-readme.md`.
 //!
 //! Everything computed (verdicts, ratios, sentences that depend on a figure) is computed here;
 //! the template only lays out. Verdicts come from `session::targets`: nothing compares a

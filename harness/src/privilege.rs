@@ -301,14 +301,14 @@ mod tests {
             eprintln!("SKIPPED a_user_runs_only_the_tracer_as_root: needs root (useradd)");
             return;
         }
-        if crate::setup::find_in_path("sudo").is_none() {
-            crate::setup::apt_install(&["sudo"], false).expect("installing sudo");
+        if crate::install::find_in_path("sudo").is_none() {
+            crate::install::apt_install(&["sudo"], false).expect("installing sudo");
         }
         let user = ThrowawayUser::create();
         // Debian's sudoers has `use_pty`: in a terminal the tracer runs below sudo's monitor
         // process, on a pty of its own. `script` gives the user's side a terminal.
         for terminal in [false, true] {
-            if terminal && crate::setup::find_in_path("script").is_none() {
+            if terminal && crate::install::find_in_path("script").is_none() {
                 eprintln!("SKIPPED the terminal case: no `script` (util-linux)");
                 continue;
             }
