@@ -3,14 +3,13 @@
 //! on both arms alike. `validate` and `profile` both measure this way; the ratios are
 //! computed by `session::analysis::ab` from the windows written here.
 
-use std::fs;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use serde::Deserialize;
-use serde_json::Value;
 use session::analysis::ab;
-use session::validation::WindowRecord;
+use session::breakdown::Breakdown;
+use session::loadgen::Summary;
+use session::validation::{Hits, WindowRecord};
 
 use crate::procs::TracerProc;
 use crate::procstat;
@@ -23,12 +22,10 @@ pub struct Traced {
 
 impl Traced {
     /// SIGINT, wait for its files, and return its breakdown.json.
-    pub fn stop(mut self) -> anyhow::Result<(Value, PathBuf)> {
+    pub fn stop(mut self) -> anyhow::Result<(Breakdown, PathBuf)> {
         self.tracer.stop()?;
-        let path = self.dir.join("breakdown.json");
-        let text =
-            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        Ok((serde_json::from_str(&text)?, self.dir))
+        let breakdown = crate::workspace::read_json(&self.dir.join("breakdown.json"))?;
+        Ok((breakdown, self.dir))
     }
 }
 
@@ -36,8 +33,8 @@ impl Traced {
 pub trait Arms {
     /// Attaches the tracer for window `index`, and returns once its programs are attached.
     fn attach(&mut self, index: usize) -> anyhow::Result<Traced>;
-    /// One window of the open loop; loadgen's JSON summary.
-    fn open_loop(&mut self, seconds: f64) -> anyhow::Result<Value>;
+    /// One window of the open loop; loadgen's summary.
+    fn open_loop(&mut self, seconds: f64) -> anyhow::Result<Summary>;
 }
 
 /// Whether window `index` is traced in the flipping-pairs order U T T U U T T U ….
@@ -77,20 +74,20 @@ pub fn windows(
         );
         let breakdown = tracer.map(Traced::stop).transpose()?;
         let load = load?;
-        let ok = load["ok"].as_f64().unwrap_or(0.0);
+        let ok = load.ok as f64;
         let cpu_s = cpu_after.zip(cpu_before).map(|(a, b)| a - b);
         let finite = |x: f64| Some(x).filter(|x| x.is_finite());
         let tracer = breakdown.as_ref().map(|(b, _)| b);
         let window = WindowRecord {
             index: i as u64,
             arm: ab::arm_of(i),
-            p50_us: finite(latency(&load, "p50")),
-            p99_us: finite(latency(&load, "p99")),
-            p999_us: finite(latency(&load, "p999")),
-            max_us: finite(latency(&load, "max")),
-            ok: load["ok"].as_u64().unwrap_or(0),
-            errors: Deserialize::deserialize(&load["errors"]).unwrap_or_default(),
-            achieved_rate: load["achieved_rate"].as_f64(),
+            p50_us: finite(load.latency_us.p50),
+            p99_us: finite(load.latency_us.p99),
+            p999_us: finite(load.latency_us.p999),
+            max_us: finite(load.latency_us.max),
+            ok: load.ok,
+            errors: load.errors.clone(),
+            achieved_rate: finite(load.achieved_rate),
             gateway_cpu_s: cpu_s,
             gateway_cpu_us_per_request: cpu_s.map(|s| s * 1e6 / ok.max(1.0)),
             gateway_cpu_share: cpu_s.map(|s| s / seconds),
@@ -102,16 +99,15 @@ pub fn windows(
                 .zip(tracer_before)
                 .map(|(a, b)| (a - b) / seconds),
             tracer_bpf_ns_per_request: None,
-            tracer_lost_events: tracer.and_then(|b| b["lost_events"].as_u64()),
-            tracer_requests: tracer.and_then(|b| b["requests"].as_u64()),
-            tracer_hits_per_request: tracer
-                .and_then(|b| Deserialize::deserialize(&b["hits_per_request"]).ok()),
+            tracer_lost_events: tracer.map(|b| b.lost_events),
+            tracer_requests: tracer.map(|b| b.requests),
+            tracer_hits_per_request: tracer.map(|b| Hits::from(b.hits_per_request)),
         };
         eprintln!(
             "xtask:   window {i} {}: p50 {:.0} µs p99 {:.0} µs, {:.1} µs CPU/request",
             if traced { "traced" } else { "untraced" },
-            latency(&load, "p50"),
-            latency(&load, "p99"),
+            load.latency_us.p50,
+            load.latency_us.p99,
             cpu_s.map_or(f64::NAN, |s| s * 1e6 / ok.max(1.0)),
         );
         windows.push(window);
@@ -134,11 +130,6 @@ pub fn compare(windows: &[WindowRecord]) -> anyhow::Result<ab::Comparison> {
 /// The median of the finite values; NaN if there is none.
 pub fn median(values: Vec<f64>) -> f64 {
     session::stats::median(&values).unwrap_or(f64::NAN)
-}
-
-/// A latency percentile of loadgen's summary, µs (NaN if it has none).
-pub fn latency(loadgen: &Value, key: &str) -> f64 {
-    loadgen["latency_us"][key].as_f64().unwrap_or(f64::NAN)
 }
 
 #[cfg(test)]

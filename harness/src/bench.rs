@@ -87,28 +87,21 @@ struct Timing {
 
 /// loadgen's `--out` summary of one side.
 fn read_side(path: &Path) -> anyhow::Result<Side> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let json: serde_json::Value = serde_json::from_str(&text)?;
-    let number = |value: &serde_json::Value| {
-        value
-            .as_f64()
-            .with_context(|| format!("{} lacks a field", path.display()))
-    };
-    let latency = &json["latency_us"];
+    let load: session::loadgen::Summary = crate::workspace::read_json(path)?;
+    let latency = &load.latency_us;
     Ok(Side {
-        achieved_rate: number(&json["achieved_rate"])?,
-        sent: json["sent"].as_u64().unwrap_or(0),
-        ok: json["ok"].as_u64().unwrap_or(0),
-        errors: serde_json::from_value(json["errors"].clone())?,
-        p50_us: number(&latency["p50"])?,
-        p90_us: number(&latency["p90"])?,
-        p99_us: number(&latency["p99"])?,
-        p999_us: number(&latency["p999"])?,
-        max_us: number(&latency["max"])?,
-        p50_first_third_us: json["p50_first_third_us"].as_f64(),
-        p50_last_third_us: json["p50_last_third_us"].as_f64(),
-        send_lag_p99_us: json["send_lag_us"]["p99"].as_f64(),
+        achieved_rate: load.achieved_rate,
+        sent: load.sent,
+        ok: load.ok,
+        errors: load.errors,
+        p50_us: latency.p50,
+        p90_us: latency.p90,
+        p99_us: latency.p99,
+        p999_us: latency.p999,
+        max_us: latency.max,
+        p50_first_third_us: load.p50_first_third_us,
+        p50_last_third_us: load.p50_last_third_us,
+        send_lag_p99_us: load.send_lag_us.map(|lag| lag.p99),
     })
 }
 
@@ -469,19 +462,17 @@ impl MaxSearch<'_> {
         )?;
         gateway.proc.stop()?;
         drop(gateway);
-        let max: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&max_json)?)?;
-        let max_rate = max["max_rate"]
-            .as_f64()
-            .context("find-max JSON has no max_rate")?;
+        let max: session::loadgen::FindMax = crate::workspace::read_json(&max_json)?;
+        let max_rate = max.max_rate;
         let receipts_in_template = verify(bins, &template.join(LEDGER_FILE))?;
         eprintln!(
             "bench: delay {delay_ms} ms: max {max_rate:.0} req/s at c{}; template ledger holds {receipts_in_template} receipts",
-            max["best_concurrency"]
+            max.best_concurrency
         );
         let max = MaxRate {
             delay_ms,
             max_rate,
-            best_concurrency: max["best_concurrency"].as_u64().unwrap_or(0),
+            best_concurrency: max.best_concurrency as u64,
             receipts_in_template,
         };
         Ok((max, pinning))

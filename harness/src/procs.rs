@@ -109,10 +109,16 @@ pub fn cargo_build_release_in(
     Ok(Executables(
         stdout
             .split(|&b| b == b'\n')
-            .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
-            .filter_map(|message| message["executable"].as_str().map(PathBuf::from))
+            .filter_map(|line| serde_json::from_slice::<CargoMessage>(line).ok())
+            .filter_map(|message| message.executable)
             .collect(),
     ))
+}
+
+/// The part of a `cargo build --message-format=json` line read here: an artifact's executable.
+#[derive(serde::Deserialize)]
+struct CargoMessage {
+    executable: Option<PathBuf>,
 }
 
 /// The release binaries of a session.

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 
+use session::effect::ProbeEffect;
+
 use crate::ab::{self, Traced};
 use crate::machine::Machine;
 use crate::procs::{
@@ -286,7 +288,7 @@ pub fn run(
             args.ab_windows as usize,
             args.ab_window,
         )?;
-        probe_effect(&windows, &tracer_flags, &args)?
+        probe_effect(windows, &tracer_flags, &args)?
     };
     fs::write(
         out.join(readme::PROBE_EFFECT_JSON),
@@ -497,30 +499,27 @@ impl ab::Arms for EffectArms<'_> {
         Ok(Traced { tracer, dir })
     }
 
-    fn open_loop(&mut self, seconds: f64) -> anyhow::Result<serde_json::Value> {
+    fn open_loop(&mut self, seconds: f64) -> anyhow::Result<session::loadgen::Summary> {
         let summary = self.work.join("effect-loadgen.json");
         let _ = fs::remove_file(&summary);
         (self.run)(seconds, &summary)?;
-        let text = fs::read_to_string(&summary)
-            .with_context(|| format!("reading {}", summary.display()))?;
-        Ok(serde_json::from_str(&text)?)
+        read_json(&summary)
     }
 }
 
 /// probe-effect.json: the windows, and the traced/untraced ratios computed from them.
 fn probe_effect(
-    windows: &[session::validation::WindowRecord],
+    windows: Vec<session::validation::WindowRecord>,
     tracer_flags: &[String],
     args: &Args,
-) -> anyhow::Result<serde_json::Value> {
-    let comparison = crate::ab::compare(windows)?;
-    Ok(serde_json::json!({
-        "tracer_flags": tracer_flags,
-        "windows_per_arm": args.ab_windows,
-        "window_s": args.ab_window,
-        "comparison": comparison,
-        "windows": windows,
-    }))
+) -> anyhow::Result<ProbeEffect> {
+    Ok(ProbeEffect {
+        tracer_flags: tracer_flags.to_vec(),
+        windows_per_arm: args.ab_windows,
+        window_s: args.ab_window,
+        comparison: crate::ab::compare(&windows)?,
+        windows,
+    })
 }
 
 /// Starts `tracer record` on the load CPUs and waits until every program is attached.

@@ -231,7 +231,7 @@ fn session(dir: &Path, name: &str) -> anyhow::Result<Run> {
         // Read as the session's README reads it: the median of the paired ratios.
         let effect: session::effect::ProbeEffect = read_json(&effect_path)?;
         let m = &effect.comparison.metrics;
-        let paired = |metric: &session::effect::Metric| {
+        let paired = |metric: &session::effect::MetricComparison| {
             (metric.paired_ratio.median)
                 .map(ratio)
                 .with_context(|| format!("{}: an unmeasured paired ratio", effect_path.display()))

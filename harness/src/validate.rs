@@ -25,16 +25,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::de::DeserializeOwned;
 use session::analysis::ab::Arm;
 use session::analysis::{accuracy, crosscheck};
+use session::breakdown::{Breakdown, Calibration};
+use session::loadgen::{FindMax, Summary};
 use session::validation::{
-    Calibration, Hits, MaxRate, Minute, Mode, Pin, Search, Settings, SoakSample, TracedUntraced,
-    VALIDATION_JSON, WindowRecord,
+    Ab, AccuracyRun, Cost, Hits, LoadSummary, LossRun, MaxRate, Minute, Mode, Pin, Search,
+    Settings, Soak, SoakSample, TracedUntraced, TracerCounts, Untraced, VALIDATION_JSON,
+    Validation, WindowRecord,
 };
 
-use crate::ab::{self as windows_ab, Traced, latency, median};
+use crate::ab::{self as windows_ab, Traced, median};
 use crate::flags;
 use crate::procs::{
     self, Binaries, Gateway, MockUpstream, init_demo_db, run_loadgen, start_gateway,
@@ -135,8 +137,13 @@ impl Bench {
         all
     }
 
-    /// Runs loadgen with `--out` and returns its JSON summary.
-    fn loadgen(&mut self, extra: &[String], timeout: Duration) -> anyhow::Result<Value> {
+    /// Runs loadgen with `--out` and returns its summary (`Summary`, or `FindMax` with
+    /// `--find-max`).
+    fn loadgen<T: DeserializeOwned>(
+        &mut self,
+        extra: &[String],
+        timeout: Duration,
+    ) -> anyhow::Result<T> {
         self.runs += 1;
         let out = self.work.join(format!("loadgen-{}.json", self.runs));
         let mut flags = self.loadgen_flags(extra);
@@ -148,12 +155,10 @@ impl Bench {
             timeout,
             &self.work,
         )?;
-        let text =
-            fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
-        Ok(serde_json::from_str(&text)?)
+        crate::workspace::read_json(&out)
     }
 
-    fn open_loop(&mut self, rate: f64, seconds: f64, extra: &[&str]) -> anyhow::Result<Value> {
+    fn open_loop(&mut self, rate: f64, seconds: f64, extra: &[&str]) -> anyhow::Result<Summary> {
         let mut flags = strings(&[
             "--rate",
             &format!("{rate:.3}"),
@@ -169,12 +174,11 @@ impl Bench {
     }
 
     fn find_max(&mut self, step_s: f64) -> anyhow::Result<f64> {
-        let json = self.loadgen(
+        let found: FindMax = self.loadgen(
             &strings(&["--find-max", "--duration", &step_s.to_string()]),
             Duration::from_secs(600),
         )?;
-        json["max_rate"]
-            .as_f64()
+        Some(found.max_rate)
             .filter(|r| *r > 0.0)
             .context("loadgen --find-max reported no max_rate")
     }
@@ -222,7 +226,7 @@ impl windows_ab::Arms for AbArms<'_> {
             .attach(&format!("{}-{index}", self.name), self.extra)
     }
 
-    fn open_loop(&mut self, seconds: f64) -> anyhow::Result<Value> {
+    fn open_loop(&mut self, seconds: f64) -> anyhow::Result<Summary> {
         self.bench.open_loop(self.rate, seconds, &[])
     }
 }
@@ -270,11 +274,9 @@ impl Bench {
 }
 
 /// A stats session's BPF run time over the requests the client saw answered.
-fn bpf_ns_per_answered(breakdown: &Value, load: &Value) -> f64 {
-    breakdown["cost"]["bpf"]["total_run_time_ns"]
-        .as_f64()
-        .unwrap_or(f64::NAN)
-        / load["ok"].as_f64().unwrap_or(f64::NAN)
+fn bpf_ns_per_answered(breakdown: &Breakdown, load: &Summary) -> f64 {
+    let run_time = breakdown.cost.as_ref().and_then(|c| c.bpf_run_time_ns());
+    run_time.unwrap_or(f64::NAN) / load.ok as f64
 }
 
 fn strings(items: &[&str]) -> Vec<String> {
@@ -287,14 +289,13 @@ fn path_arg(path: &Path) -> String {
 
 /// The independent cross-check of the raw dump `raw`, beside the model's `kernel` section of
 /// the same session's `breakdown`; prints the table as it goes.
-fn cross_check(raw: &Path, breakdown: &Value) -> anyhow::Result<crosscheck::Report> {
+fn cross_check(raw: &Path, breakdown: &Breakdown) -> anyhow::Result<crosscheck::Report> {
     let independent = crosscheck::check(crosscheck::read_dump(raw)?);
     let model = breakdown
-        .get("kernel")
+        .kernel
+        .as_ref()
         .context("the accuracy session's breakdown.json has no `kernel` section")?;
-    let model = crosscheck::ModelKernel::deserialize(model)
-        .context("reading the `kernel` section of breakdown.json")?;
-    let comparison = crosscheck::compare(&independent, &model);
+    let comparison = crosscheck::compare(&independent, &model.into());
     print!("{}", crosscheck::table(&comparison));
     println!(
         "crosscheck: {} events, writer tids {:?}, {} switch-ins of threads never seen before",
@@ -485,78 +486,78 @@ pub fn run(
     let (windows, ab, modes) = probe_effect_part(&mut bench, &args, &timing, rate, &accuracy)?;
     let max = max_part(&mut bench, &args, &timing)?;
     let loss_runs = loss_part(&mut bench, &args, &timing, rate, max.traced)?;
-    let soak_json = soak_part(&mut bench, timing.soak_s, rate)?;
+    let soak = soak_part(&mut bench, timing.soak_s, rate)?;
 
     // The tracer shares the load CPU with loadgen and the upstream: its CPU is probe effect too.
-    let accuracy_cost = &accuracy.breakdown["cost"];
-    let tracer_cpu_cores = accuracy_cost["tracer"]["cpu_session_s"]
-        .as_f64()
-        .unwrap_or(f64::NAN)
-        / accuracy_cost["session_s"].as_f64().unwrap_or(f64::NAN);
-    let (duration, window, mode_window, loss_s, soak) = (
-        timing.accuracy_s,
-        timing.window_s,
-        timing.mode_window_s,
-        timing.loss_s,
-        timing.soak_s,
-    );
-    let (accuracy_load, accuracy_breakdown) = (&accuracy.load, &accuracy.breakdown);
+    let accuracy_cost = accuracy.breakdown.cost.clone();
+    let tracer_cpu_cores = accuracy_cost
+        .as_ref()
+        .map(|c| c.tracer.cpu_session_s / c.session_s);
     let (searches, max_alongside, max_traced, max_floor) =
         (&max.searches, max.alongside, max.traced, max.floor);
-    let validation = json!({
-        "command": command_line(&args),
-        "machine": machine,
-        "pinning": pinning,
-        "settings": Settings {
+    let validation = Validation {
+        command: command_line(&args),
+        machine,
+        pinning,
+        settings: Settings {
             load: args.load,
             quick: args.quick,
             connections: CONNECTIONS,
-            accuracy_s: duration,
-            window_s: window,
+            accuracy_s: timing.accuracy_s,
+            window_s: timing.window_s,
             windows_per_arm: args.windows,
-            mode_window_s: Some(mode_window),
+            mode_window_s: Some(timing.mode_window_s),
             mode_windows_per_arm: Some(args.mode_windows),
-            loss_s,
-            soak_s: soak,
+            loss_s: timing.loss_s,
+            soak_s: timing.soak_s,
             workers: args.placement.workers,
             forced_ring_mib: args.forced_ring_mib,
             forced_stall_s: args.forced_stall,
         },
-        "max_rate": MaxRate {
+        max_rate: MaxRate {
             untraced: max_untraced,
             untraced_source: max_source.to_owned(),
-            searches: Some(searches.iter().map(|&(untraced, traced)| Search { untraced, traced, ratio: Some(traced / untraced) }).collect()),
+            searches: Some(
+                searches
+                    .iter()
+                    .map(|&(untraced, traced)| Search {
+                        untraced,
+                        traced,
+                        ratio: Some(traced / untraced),
+                    })
+                    .collect(),
+            ),
             untraced_alongside: Some(max_alongside),
             traced: max_traced,
             ratio_traced_untraced: Some(max_traced / max_alongside),
             traced_tracepoints_only: max_floor,
             ratio_tracepoints_only_untraced: max_floor.map(|m| m / max_alongside),
         },
-        "rate": rate,
-        "accuracy": {
-            "loadgen": {"ok": accuracy_load["ok"], "errors": accuracy_load["errors"],
-                        "achieved_rate": accuracy_load["achieved_rate"]},
-            "tracer": {"requests": accuracy_breakdown["requests"], "incomplete": accuracy_breakdown["incomplete"],
-                       "incomplete_reasons": accuracy_breakdown["incomplete_reasons"],
-                       "lost_events": accuracy_breakdown["lost_events"]},
-            "join": accuracy.join,
+        rate,
+        accuracy: AccuracyRun {
+            loadgen: load_summary(&accuracy.load, false),
+            tracer: tracer_counts(&accuracy.breakdown),
+            join: accuracy.join,
         },
-        "crosscheck": accuracy.crosscheck,
-        "ab": {"windows": windows, "comparison": ab},
-        "modes": modes,
-        "calibration": accuracy_breakdown.get("calibration").cloned(),
-        "cost": {
-            "accuracy_run": accuracy_breakdown.get("cost").cloned(),
-            "max_traced_run": max.last_traced_breakdown.get("cost").cloned(),
-            "hits_per_request": accuracy_breakdown["hits_per_request"],
-            "tracer_cpu_cores": tracer_cpu_cores,
-            "mode": accuracy_breakdown["attach_modes"]["mode"],
-            "drops": accuracy_breakdown.get("drops").cloned(),
+        crosscheck: accuracy.crosscheck,
+        ab: Ab {
+            windows,
+            comparison: ab,
         },
-        "loss": loss_runs,
-        "soak": soak_json,
-        "wall_time_s": started.elapsed().as_secs_f64(),
-    });
+        modes: Some(modes),
+        calibration: accuracy.breakdown.calibration.clone(),
+        cost: Cost {
+            accuracy_run: accuracy_cost,
+            max_traced_run: max.last_traced_breakdown.and_then(|b| b.cost),
+            hits_per_request: accuracy.breakdown.hits_per_request.into(),
+            tracer_cpu_cores,
+            mode: accuracy.breakdown.mode().map(str::to_owned),
+            drops: accuracy.breakdown.drops,
+        },
+        loss: loss_runs,
+        soak,
+        wall_time_s: started.elapsed().as_secs_f64(),
+    };
     let path = out.join(VALIDATION_JSON);
     fs::write(&path, serde_json::to_string_pretty(&validation)? + "\n")?;
     // Written first, so a figure that does not fit its type loses nothing.
@@ -620,9 +621,8 @@ fn pin(process: &str, asked: &str, applied: String) -> Pin {
 
 /// The accuracy run's figures.
 struct AccuracyPart {
-    /// loadgen's summary.
-    load: Value,
-    breakdown: Value,
+    load: Summary,
+    breakdown: Breakdown,
     join: accuracy::Accuracy,
     crosscheck: crosscheck::Report,
 }
@@ -691,9 +691,7 @@ fn probe_effect_part(
 
     // Unreadable: no calibrated probe time, as without one (the README's own read of it
     // names the key that does not fit).
-    let calibration: Option<Calibration> =
-        Deserialize::deserialize(&accuracy.breakdown["calibration"]).ok();
-    let calibration = calibration.as_ref();
+    let calibration = accuracy.breakdown.calibration.as_ref();
     let accuracy_bpf = bpf_ns_per_answered(&accuracy.breakdown, &accuracy.load);
     let mut modes = vec![mode_cost(
         "lean (default)",
@@ -740,7 +738,7 @@ struct MaxPart {
     traced: f64,
     /// With the tracepoints alone; None when the modes were skipped.
     floor: Option<f64>,
-    last_traced_breakdown: Value,
+    last_traced_breakdown: Option<Breakdown>,
 }
 
 /// Part 4, max throughput. The machine's level moves within minutes (one tracer read ×0.91 and
@@ -749,7 +747,7 @@ struct MaxPart {
 fn max_part(bench: &mut Bench, args: &Args, timing: &Timing) -> anyhow::Result<MaxPart> {
     let find_max_step = timing.find_max_step_s;
     let mut searches = Vec::new();
-    let mut last_traced_breakdown = Value::Null;
+    let mut last_traced_breakdown = None;
     for round in 1..=MAX_SEARCH_ROUNDS {
         eprintln!(
             "xtask: [4/6] max throughput, round {round} of {MAX_SEARCH_ROUNDS}: untraced, then traced"
@@ -757,7 +755,7 @@ fn max_part(bench: &mut Bench, args: &Args, timing: &Timing) -> anyhow::Result<M
         let untraced = bench.find_max(find_max_step)?;
         let traced = bench.attach(&format!("find-max-traced-{round}"), &[])?;
         let max = bench.find_max(find_max_step);
-        last_traced_breakdown = traced.stop()?.0;
+        last_traced_breakdown = Some(traced.stop()?.0);
         searches.push((untraced, max?));
     }
     let alongside = median(searches.iter().map(|s| s.0).collect());
@@ -788,7 +786,7 @@ fn loss_part(
     timing: &Timing,
     rate: f64,
     max_traced: f64,
-) -> anyhow::Result<Vec<Value>> {
+) -> anyhow::Result<Vec<LossRun>> {
     let loss_s = timing.loss_s;
     let work = bench.work.clone();
     // At the traced max: a load the traced gateway really carries, so the rate achieved says
@@ -814,9 +812,12 @@ fn loss_part(
         // that rate without the tracer (loadgen shares CPU 1 with mock-upstream and the tracer).
         let untraced = if extra.is_empty() {
             let load = bench.open_loop(loss_rate, loss_s, &[])?;
-            json!({"achieved_rate": load["achieved_rate"], "p99_us": latency(&load, "p99")})
+            Some(Untraced {
+                achieved_rate: Some(load.achieved_rate),
+                p99_us: Some(load.latency_us.p99),
+            })
         } else {
-            Value::Null
+            None
         };
         let traced = bench.attach(name, &extra)?;
         let client_csv = work.join(format!("{name}-client.csv"));
@@ -852,33 +853,35 @@ fn loss_part(
         let (breakdown, dir) = traced.stop()?;
         let load = load?;
         let accuracy = bench.accuracy(&client_csv, &dir)?;
-        let crossing = complete_requests_crossing_loss(&dir, &breakdown)?;
-        loss_runs.push(json!({
-            "name": name,
-            "rate": loss_rate,
-            "of_traced_max": loss_rate / max_traced,
-            "ring_mib": if extra.is_empty() { Value::Null } else { json!(args.forced_ring_mib) },
-            "tracer_stopped_s": if extra.is_empty() { Value::Null } else { json!(args.forced_stall) },
-            "loadgen": {"ok": load["ok"], "errors": load["errors"], "achieved_rate": load["achieved_rate"],
-                        "p99_us": latency(&load, "p99")},
-            "untraced": untraced,
-            "events_per_s": breakdown["tracer"]["events"].as_f64().unwrap_or(f64::NAN)
-                / breakdown["duration_s"].as_f64().unwrap_or(f64::NAN),
-            "lost_events": breakdown["lost_events"],
-            "requests": breakdown["requests"],
-            "incomplete": breakdown["incomplete"],
-            "incomplete_reasons": breakdown["incomplete_reasons"],
-            "loss_spans": breakdown.get("loss_spans").map_or(json!(null), |s| json!(s.as_array().map_or(0, Vec::len))),
-            "complete_crossing_loss": crossing,
-            "accuracy": accuracy,
-        }));
+        let crossing = complete_requests_crossing_loss(&dir, breakdown.loss_spans.as_deref())?;
+        let forced = !extra.is_empty();
+        loss_runs.push(LossRun {
+            name: name.to_owned(),
+            rate: loss_rate,
+            of_traced_max: Some(loss_rate / max_traced),
+            ring_mib: forced.then_some(args.forced_ring_mib),
+            tracer_stopped_s: forced.then_some(args.forced_stall),
+            loadgen: load_summary(&load, true),
+            untraced,
+            events_per_s: breakdown
+                .tracer
+                .as_ref()
+                .map(|t| t.events as f64 / breakdown.duration_s),
+            lost_events: breakdown.lost_events,
+            requests: breakdown.requests,
+            incomplete: breakdown.incomplete,
+            incomplete_reasons: breakdown.incomplete_reasons.clone(),
+            loss_spans: breakdown.loss_spans.as_ref().map(|s| s.len() as u64),
+            complete_crossing_loss: crossing,
+            accuracy,
+        });
     }
 
     Ok(loss_runs)
 }
 
 /// Part 6, a soak at the load's rate, sampling the tracer's RSS and CPU.
-fn soak_part(bench: &mut Bench, soak: f64, rate: f64) -> anyhow::Result<Value> {
+fn soak_part(bench: &mut Bench, soak: f64, rate: f64) -> anyhow::Result<Soak> {
     eprintln!("xtask: [6/6] soak, {soak} s traced at {rate:.0} req/s");
     let traced = bench.attach("soak", &[])?;
     let samples = Arc::new(Mutex::new(Vec::new()));
@@ -910,37 +913,57 @@ fn soak_part(bench: &mut Bench, soak: f64, rate: f64) -> anyhow::Result<Value> {
     let (soak_breakdown, _) = traced.stop()?;
     let soak_load = soak_load?;
     let samples = std::mem::take(&mut *samples.lock().expect("sampler lock"));
-    let soak_json = json!({
-        "seconds": soak,
-        "rate": rate,
-        "loadgen": {"ok": soak_load["ok"], "errors": soak_load["errors"], "p99_us": latency(&soak_load, "p99")},
-        "tracer_peak_rss_kib": peak_rss_kib,
-        "tracer_cpu_s_at_end": cpu_at_end,
-        "cpu_per_minute": cpu_per_minute(&samples),
-        "samples": samples,
-        "requests": soak_breakdown["requests"],
-        "incomplete": soak_breakdown["incomplete"],
-        "lost_events": soak_breakdown["lost_events"],
-        "cost": soak_breakdown.get("cost").cloned(),
-    });
-    Ok(soak_json)
+    Ok(Soak {
+        seconds: soak,
+        rate,
+        loadgen: load_summary(&soak_load, true),
+        tracer_peak_rss_kib: peak_rss_kib,
+        tracer_cpu_s_at_end: cpu_at_end,
+        cpu_per_minute: cpu_per_minute(&samples),
+        samples,
+        requests: soak_breakdown.requests,
+        incomplete: soak_breakdown.incomplete,
+        lost_events: soak_breakdown.lost_events,
+        cost: soak_breakdown.cost,
+    })
 }
 
-/// Complete requests of `dir/requests.csv` whose [t_arrive, t_done] overlaps a loss span of
+/// What validation keeps of loadgen's summary; `with_p99` where it keeps the tail.
+fn load_summary(load: &Summary, with_p99: bool) -> LoadSummary {
+    LoadSummary {
+        ok: load.ok,
+        errors: load.errors.clone(),
+        achieved_rate: Some(load.achieved_rate),
+        p99_us: with_p99.then_some(load.latency_us.p99),
+    }
+}
+
+/// What a session's breakdown.json counted.
+fn tracer_counts(breakdown: &Breakdown) -> TracerCounts {
+    TracerCounts {
+        requests: breakdown.requests,
+        incomplete: breakdown.incomplete,
+        incomplete_reasons: breakdown.incomplete_reasons.clone(),
+        lost_events: breakdown.lost_events,
+    }
+}
+
+/// Complete requests of `dir/requests.csv` whose [t_arrive, t_done] overlaps one of `spans`,
 /// breakdown.json's `loss_spans` (must be 0), or None when the tracer did not list its spans.
-fn complete_requests_crossing_loss(dir: &Path, breakdown: &Value) -> anyhow::Result<Option<u64>> {
-    let Some(spans) = breakdown.get("loss_spans") else {
+fn complete_requests_crossing_loss(
+    dir: &Path,
+    spans: Option<&[[u64; 2]]>,
+) -> anyhow::Result<Option<u64>> {
+    let Some(spans) = spans else {
         return Ok(None);
     };
-    let spans: Vec<(u64, u64)> =
-        serde_json::from_value(spans.clone()).context("breakdown.json's loss_spans")?;
     let path = dir.join("requests.csv");
     let file = fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let requests = accuracy::read_traced_csv(std::io::BufReader::new(file))?;
     let crossing = requests.iter().filter(|r| {
         spans
             .iter()
-            .any(|&(from, to)| from <= r.t_done_ns && to >= r.t_arrive_ns)
+            .any(|&[from, to]| from <= r.t_done_ns && to >= r.t_arrive_ns)
     });
     Ok(Some(crossing.count() as u64))
 }
@@ -1140,11 +1163,11 @@ mod tests {
             "request_id,status,t_arrive_ns,t_done_ns\n1,200,100,200\n2,200,300,400\n",
         )
         .unwrap();
-        let none = complete_requests_crossing_loss(dir.path(), &json!({})).unwrap();
+        let none = complete_requests_crossing_loss(dir.path(), None).unwrap();
         assert_eq!(none, None);
-        let b = json!({"loss_spans": [[150, 160], [500, 600]]});
+        let spans = [[150, 160], [500, 600]];
         assert_eq!(
-            complete_requests_crossing_loss(dir.path(), &b).unwrap(),
+            complete_requests_crossing_loss(dir.path(), Some(&spans)).unwrap(),
             Some(1)
         );
     }

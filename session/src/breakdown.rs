@@ -169,7 +169,8 @@ pub struct Kernel {
     pub runqueue_after_wakeup: KernelHist,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One distribution of the `kernel` section, µs.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KernelHist {
     pub count: u64,
@@ -252,6 +253,28 @@ pub struct Calibration {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unmeasured: Option<Vec<String>>,
     pub untraced_ns_per_loop: BTreeMap<String, Option<f64>>,
+}
+
+impl Calibration {
+    /// The per-request probe time of a per-hit kind (`site` → `sites`).
+    pub fn per_request(&self, kind: &str) -> Option<f64> {
+        let key = match kind {
+            "site" => "sites",
+            "syscall" => "syscalls",
+            other => other,
+        };
+        self.probe_ns_per_request_by_kind
+            .get(key)
+            .copied()
+            .flatten()
+    }
+}
+
+impl Cost {
+    /// BPF run time, all programs, ns; None without stats.
+    pub fn bpf_run_time_ns(&self) -> Option<f64> {
+        self.bpf.as_ref().map(|b| b.total_run_time_ns as f64)
+    }
 }
 
 impl Breakdown {

@@ -1,12 +1,11 @@
 //! probe-effect.json: a profile session's own probe effect, windows of its open loop with and
-//! without its tracer (`cargo xtask profile`), and their comparison (`tracer-validate ab`).
-
-use std::collections::BTreeMap;
+//! without its tracer (`cargo xtask profile`), and their comparison (`analysis::ab`).
 
 use serde::{Deserialize, Serialize};
 
-use crate::breakdown::Hits;
+pub use crate::analysis::ab::{Arm, Comparison, MetricComparison, Spread};
 use crate::targets::{Bound, PROBE_EFFECT_RATIO, Verdict};
+use crate::validation::WindowRecord;
 
 pub const FILE: &str = "probe-effect.json";
 
@@ -18,92 +17,13 @@ pub struct ProbeEffect {
     pub windows_per_arm: u64,
     pub window_s: f64,
     pub comparison: Comparison,
-    pub windows: Vec<Window>,
-}
-
-/// `tracer-validate ab`'s output.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Comparison {
-    pub traced_windows: usize,
-    pub untraced_windows: usize,
-    pub pairs: usize,
-    pub metrics: Metrics,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Metrics {
-    pub p50_us: Metric,
-    pub p99_us: Metric,
-    pub p999_us: Metric,
-    pub gateway_cpu_us_per_request: Metric,
-    pub cpu0_busy: Metric,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Metric {
-    pub traced: Spread,
-    pub untraced: Spread,
-    pub ratio_of_medians: Option<f64>,
-    /// traced/untraced of neighbouring windows, over the pairs.
-    pub paired_ratio: Spread,
-}
-
-/// Median, min and max; null where an arm had no finite value.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Spread {
-    pub median: Option<f64>,
-    pub min: Option<f64>,
-    pub max: Option<f64>,
-}
-
-/// One window, as `ab::windows` writes it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Window {
-    pub index: usize,
-    pub arm: Arm,
-    pub p50_us: f64,
-    pub p99_us: f64,
-    pub p999_us: f64,
-    pub max_us: f64,
-    pub ok: u64,
-    pub errors: BTreeMap<String, u64>,
-    pub achieved_rate: f64,
-    pub gateway_cpu_s: Option<f64>,
-    pub gateway_cpu_us_per_request: Option<f64>,
-    pub gateway_cpu_share: Option<f64>,
-    pub cpu0_busy: Option<f64>,
-    /// Traced windows only.
-    pub tracer_cpu_cores: Option<f64>,
-    pub tracer_lost_events: Option<u64>,
-    pub tracer_requests: Option<u64>,
-    pub tracer_hits_per_request: Option<Hits>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Arm {
-    Traced,
-    Untraced,
-}
-
-impl Arm {
-    pub fn word(self) -> &'static str {
-        match self {
-            Arm::Traced => "traced",
-            Arm::Untraced => "untraced",
-        }
-    }
+    pub windows: Vec<WindowRecord>,
 }
 
 /// One budgeted ratio, by name.
 pub struct Ratio<'a> {
     pub name: &'static str,
-    pub metric: &'a Metric,
+    pub metric: &'a MetricComparison,
 }
 
 impl Ratio<'_> {
@@ -150,7 +70,7 @@ impl ProbeEffect {
             .collect()
     }
 
-    pub fn traced(&self) -> impl Iterator<Item = &Window> {
+    pub fn traced(&self) -> impl Iterator<Item = &WindowRecord> {
         self.windows.iter().filter(|w| w.arm == Arm::Traced)
     }
 

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::analysis::{ab, accuracy::Accuracy, crosscheck};
+use crate::breakdown;
 use crate::machine::Machine;
 
 /// The file's name in a validation run's directory.
@@ -30,7 +31,7 @@ pub struct Validation {
     /// Each mode's cost. Absent from runs before modes were costed.
     pub modes: Option<Vec<Mode>>,
     /// breakdown.json's `calibration` of the accuracy run.
-    pub calibration: Option<Calibration>,
+    pub calibration: Option<breakdown::Calibration>,
     pub cost: Cost,
     pub loss: Vec<LossRun>,
     pub soak: Soak,
@@ -179,6 +180,18 @@ pub struct Hits {
     pub samples: Option<f64>,
 }
 
+impl From<breakdown::Hits> for Hits {
+    fn from(h: breakdown::Hits) -> Hits {
+        Hits {
+            sites: Some(h.sites),
+            syscalls: Some(h.syscalls),
+            sock: Some(h.sock),
+            sched: Some(h.sched),
+            samples: Some(h.samples),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TracedUntraced {
@@ -206,117 +219,18 @@ pub struct Mode {
     pub tracer_cpu_cores: Option<f64>,
 }
 
-/// The tracer's calibration of its probes' cost (breakdown.json `calibration`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Calibration {
-    pub method: String,
-    pub cpu: u32,
-    pub rounds: BTreeMap<String, u64>,
-    pub elapsed_s: f64,
-    /// By kind (site, syscall, sock, sched); null: unmeasured.
-    pub ns_per_hit: BTreeMap<String, Option<f64>>,
-    pub ns_per_hit_min_max: BTreeMap<String, [Option<f64>; 2]>,
-    pub untraced_ns_per_loop: BTreeMap<String, Option<f64>>,
-    pub noisy: Vec<String>,
-    /// Absent from runs before an unmeasured kind was said.
-    pub unmeasured: Option<Vec<String>>,
-    pub probe_ns_per_request: Option<f64>,
-    /// By hit kind (sites, syscalls, sock, sched).
-    pub probe_ns_per_request_by_kind: BTreeMap<String, Option<f64>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe_ns_per_request_leaves_out: Option<Vec<String>>,
-    pub not_included: String,
-    pub note: String,
-}
-
-impl Calibration {
-    /// The per-request probe time of a per-hit kind (`site` → `sites`).
-    pub fn per_request(&self, kind: &str) -> Option<f64> {
-        let key = match kind {
-            "site" => "sites",
-            "syscall" => "syscalls",
-            other => other,
-        };
-        self.probe_ns_per_request_by_kind
-            .get(key)
-            .copied()
-            .flatten()
-    }
-}
-
-/// One BPF program's run-time stats over a session.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Program {
-    pub id: u32,
-    pub name: String,
-    pub run_count: u64,
-    pub run_time_ns: u64,
-    pub mean_ns: Option<f64>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Bpf {
-    pub programs: Vec<Program>,
-    pub total_run_count: u64,
-    pub total_run_time_ns: u64,
-    pub cpu_share: Option<f64>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TracerProcess {
-    pub cpu_user_s: f64,
-    pub cpu_system_s: f64,
-    pub cpu_session_s: f64,
-    pub peak_rss_kib: Option<u64>,
-    pub rss_kib: Option<u64>,
-}
-
-/// A session's own cost (breakdown.json `cost`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionCost {
-    pub session_s: f64,
-    /// "enabled", or why BPF stats could not be turned on.
-    pub bpf_stats: String,
-    pub bpf: Option<Bpf>,
-    pub tracer: TracerProcess,
-    pub loss_spans_total: u64,
-    pub raw_events_written: Option<u64>,
-}
-
-impl SessionCost {
-    /// BPF run time, all programs, ns; None without stats.
-    pub fn bpf_run_time_ns(&self) -> Option<f64> {
-        self.bpf.as_ref().map(|b| b.total_run_time_ns as f64)
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cost {
-    pub accuracy_run: Option<SessionCost>,
-    pub max_traced_run: Option<SessionCost>,
+    pub accuracy_run: Option<breakdown::Cost>,
+    pub max_traced_run: Option<breakdown::Cost>,
     pub hits_per_request: Hits,
     /// The tracer process's CPU over the accuracy session, in cores.
     pub tracer_cpu_cores: Option<f64>,
     /// The attach mode (breakdown.json `attach_modes.mode`).
     pub mode: Option<String>,
     /// breakdown.json `drops`: kernel-side drops by counter.
-    pub drops: Option<BTreeMap<String, DropCount>>,
-}
-
-/// One kernel-side drop counter: a count (null where it could not be read), counts by BPF
-/// program, or the note saying why a count is null.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum DropCount {
-    Count(Option<u64>),
-    ByProgram(BTreeMap<String, u64>),
-    Note(String),
+    pub drops: Option<breakdown::Drops>,
 }
 
 /// One loss run: at the traced max, above it, or with a forced-small ring.
@@ -366,7 +280,7 @@ pub struct Soak {
     pub requests: u64,
     pub incomplete: u64,
     pub lost_events: u64,
-    pub cost: Option<SessionCost>,
+    pub cost: Option<breakdown::Cost>,
 }
 
 /// The tracer's CPU within one minute of the soak.
@@ -422,9 +336,9 @@ mod tests {
     #[derive(Deserialize)]
     #[expect(dead_code, reason = "parsed to check the types, not read")]
     struct Copied {
-        calibration: Option<Calibration>,
-        cost: Option<SessionCost>,
-        drops: Option<BTreeMap<String, DropCount>>,
+        calibration: Option<breakdown::Calibration>,
+        cost: Option<breakdown::Cost>,
+        drops: Option<breakdown::Drops>,
         hits_per_request: Hits,
     }
 
@@ -445,14 +359,6 @@ mod tests {
             }
         }
         assert!(read > 0, "no committed breakdown.json");
-    }
-
-    #[test]
-    fn drops_print_as_breakdown_json_wrote_them() {
-        let text = r#"{"kretprobe_missed_by_program":{},"recursion_misses":null,"recursion_misses_by_program":{"sched_wakeup":857},"stack_failed":638}"#;
-        let drops: BTreeMap<String, DropCount> = serde_json::from_str(text).unwrap();
-        assert_eq!(drops["recursion_misses"], DropCount::Count(None));
-        assert_eq!(serde_json::to_string(&drops).unwrap(), text);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! `session::targets::PROBE_EFFECT_RATIO`); this only words them.
 
 use askama::Template as _;
-use session::effect::{Metric, ProbeEffect, Ratio, Spread};
+use session::effect::{MetricComparison, ProbeEffect, Ratio, Spread};
 
 /// Formatting the templates share.
 trait Words {
@@ -48,7 +48,7 @@ impl Words for Line<'_> {}
 #[template(path = "profile/effect_table.md", escape = "none")]
 struct Table<'a> {
     e: &'a ProbeEffect,
-    metrics: Vec<(&'static str, &'a Metric)>,
+    metrics: Vec<(&'static str, &'a MetricComparison)>,
 }
 
 impl Words for Table<'_> {}

@@ -11,13 +11,12 @@ use anyhow::Context as _;
 use askama::Template;
 use session::analysis::ab::Spread;
 use session::analysis::accuracy::Accuracy;
+use session::breakdown::{self, Calibration};
 use session::targets::{
     Bound, CPU_PER_REQUEST_RATIO, MAX_RATE_RATIO, NEGATIVE_GAPS, PROBE_EFFECT_RATIO,
     PROBE_EFFECT_STRETCH, TRACER_CPU_CORES, TRACER_PEAK_RSS_MIB,
 };
-use session::validation::{
-    Calibration, LossRun, Mode, Program, SessionCost, VALIDATION_JSON, Validation,
-};
+use session::validation::{LossRun, Mode, VALIDATION_JSON, Validation};
 
 /// A figure the README prints: "—" when missing or not finite.
 trait Figure {
@@ -201,7 +200,7 @@ impl Reading {
             .cost
             .accuracy_run
             .as_ref()
-            .and_then(SessionCost::bpf_run_time_ns));
+            .and_then(breakdown::Cost::bpf_run_time_ns));
         let bpf_us = bpf_ns / v.accuracy.tracer.requests as f64 / 1000.0;
         let cpu_added = cpu_traced - cpu_untraced;
         let split = if bpf_us < cpu_added {
@@ -387,7 +386,7 @@ impl Readme<'_> {
     }
 
     fn probe_us(&self, cal: &Calibration) -> String {
-        fixed(cal.probe_ns_per_request.map(|ns| ns / 1000.0), 1)
+        fixed(Some(cal.probe_ns_per_request / 1000.0), 1)
     }
 
     fn kinds_notes(&self, cal: &Calibration) -> String {
@@ -395,11 +394,11 @@ impl Readme<'_> {
             + &kinds_note("Unmeasured, left out of the sum", cal.unmeasured.as_deref())
     }
 
-    fn programs<'c>(&self, cost: &'c SessionCost) -> &'c [Program] {
+    fn programs<'c>(&self, cost: &'c breakdown::Cost) -> &'c [breakdown::BpfProgram] {
         cost.bpf.as_ref().map_or(&[], |b| &b.programs)
     }
 
-    fn bpf_cpu_share(&self, cost: &SessionCost) -> String {
+    fn bpf_cpu_share(&self, cost: &breakdown::Cost) -> String {
         fixed(cost.bpf.as_ref().and_then(|b| b.cpu_share), 4)
     }
 

@@ -23,6 +23,7 @@ use tracer_ebpf::abi::{Event, kind, syscall};
 use tracer_ebpf::sites::Site;
 
 use super::dist::{Dist, DistUs};
+use crate::breakdown::{self, KernelHist};
 
 /// Bytes of one record: `Event` as little-endian fields, no padding.
 pub const RECORD_BYTES: usize = 40;
@@ -184,26 +185,24 @@ pub fn check(mut events: Vec<Event>) -> CrossCheck {
     }
 }
 
-/// One distribution of the model's `kernel` section of breakdown.json.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelDist {
-    pub count: u64,
-    pub p50_us: f64,
-    pub p90_us: f64,
-    pub p99_us: f64,
-    pub p999_us: f64,
-    pub max_us: f64,
-    pub mean_us: f64,
-}
-
 /// The model's side: breakdown.json's `kernel` section, the distributions compared here.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
 pub struct ModelKernel {
-    pub fsync: Option<ModelDist>,
-    pub runqueue: Option<ModelDist>,
-    pub runqueue_after_wakeup: Option<ModelDist>,
-    pub runqueue_after_preemption: Option<ModelDist>,
+    pub fsync: Option<KernelHist>,
+    pub runqueue: Option<KernelHist>,
+    pub runqueue_after_wakeup: Option<KernelHist>,
+    pub runqueue_after_preemption: Option<KernelHist>,
+}
+
+impl From<&breakdown::Kernel> for ModelKernel {
+    fn from(k: &breakdown::Kernel) -> ModelKernel {
+        ModelKernel {
+            fsync: Some(k.fsync),
+            runqueue: Some(k.runqueue),
+            runqueue_after_wakeup: Some(k.runqueue_after_wakeup),
+            runqueue_after_preemption: Some(k.runqueue_after_preemption),
+        }
+    }
 }
 
 /// model / independent of a few figures; `None` where either side has none, or the
@@ -222,7 +221,7 @@ pub struct Ratios {
 #[serde(deny_unknown_fields)]
 pub struct Pair {
     pub independent: DistUs,
-    pub model: Option<ModelDist>,
+    pub model: Option<KernelHist>,
     pub model_over_independent: Ratios,
 }
 
@@ -264,7 +263,7 @@ fn ratio(model: Option<f64>, independent: f64) -> Option<f64> {
     }
 }
 
-fn pair(independent: DistUs, model: Option<ModelDist>) -> Pair {
+fn pair(independent: DistUs, model: Option<KernelHist>) -> Pair {
     Pair {
         independent,
         model,
@@ -398,7 +397,7 @@ mod tests {
         assert_eq!((c.first_ts_ns, c.last_ts_ns, c.events), (50, 510, 13));
         assert_eq!(c.fsync_all.count, 2);
 
-        let dist = |count, p50_us, p99_us| ModelDist {
+        let dist = |count, p50_us, p99_us| KernelHist {
             count,
             p50_us,
             p90_us: p99_us,
