@@ -285,7 +285,7 @@ mod tests {
     }
 
     #[test]
-    fn a_symlink_planted_at_an_output_is_not_followed() {
+    fn item1_a_symlink_planted_at_an_output_is_not_followed() {
         let (_temp, dir, victim) = setup();
         // Planted before the session: the directory is not empty.
         std::fs::create_dir(&dir).unwrap();
@@ -309,7 +309,7 @@ mod tests {
     }
 
     #[test]
-    fn overwrite_replaces_a_planted_symlink_without_following_it() {
+    fn item1_overwrite_replaces_a_planted_symlink_without_following_it() {
         let (_temp, dir, victim) = setup();
         std::fs::create_dir(&dir).unwrap();
         symlink(&victim, dir.join("requests.csv")).unwrap();
@@ -328,7 +328,7 @@ mod tests {
     }
 
     #[test]
-    fn a_non_empty_directory_needs_overwrite() {
+    fn item1_a_non_empty_directory_needs_overwrite() {
         let (_temp, dir, _) = setup();
         std::fs::create_dir(&dir).unwrap();
         assert!(open(&dir, false).is_ok(), "an empty directory is fine");
@@ -353,7 +353,7 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_others_can_write_is_refused() {
+    fn item1_a_directory_others_can_write_is_refused() {
         let (_temp, dir, _) = setup();
         std::fs::create_dir(&dir).unwrap();
         for mode in [0o775, 0o757, 0o1777] {
@@ -378,8 +378,8 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_owned_by_another_user_is_refused() {
-        if skip_unless_root("a_directory_owned_by_another_user_is_refused") {
+    fn item1_a_directory_owned_by_another_user_is_refused() {
+        if skip_unless_root("item1_a_directory_owned_by_another_user_is_refused") {
             return;
         }
         let (_temp, dir, _) = setup();
@@ -396,8 +396,8 @@ mod tests {
     }
 
     #[test]
-    fn under_sudo_outputs_go_to_the_sudo_user() {
-        if skip_unless_root("under_sudo_outputs_go_to_the_sudo_user") {
+    fn item1_under_sudo_outputs_go_to_the_sudo_user() {
+        if skip_unless_root("item1_under_sudo_outputs_go_to_the_sudo_user") {
             return;
         }
         let (_temp, dir, _) = setup();

@@ -13,8 +13,8 @@ fn fixture_child() {
 }
 
 #[test]
-fn a_link_planted_at_requests_csv_is_never_followed() {
-    if !require_root("a_link_planted_at_requests_csv_is_never_followed") {
+fn item1_a_link_planted_at_requests_csv_is_never_followed() {
+    if !require_root("item1_a_link_planted_at_requests_csv_is_never_followed") {
         return;
     }
     let temp = tempfile::tempdir().unwrap();

@@ -86,22 +86,22 @@ fn stops_cleanly_on(signal: Signal) {
 }
 
 #[test]
-fn sigterm_mid_session_writes_the_outputs_and_detaches() {
-    if require_root("sigterm_mid_session_writes_the_outputs_and_detaches") {
+fn item5_sigterm_mid_session_writes_the_outputs_and_detaches() {
+    if require_root("item5_sigterm_mid_session_writes_the_outputs_and_detaches") {
         stops_cleanly_on(Signal::TERM);
     }
 }
 
 #[test]
-fn sighup_mid_session_writes_the_outputs_and_detaches() {
-    if require_root("sighup_mid_session_writes_the_outputs_and_detaches") {
+fn item5_sighup_mid_session_writes_the_outputs_and_detaches() {
+    if require_root("item5_sighup_mid_session_writes_the_outputs_and_detaches") {
         stops_cleanly_on(Signal::HUP);
     }
 }
 
 #[test]
-fn a_second_sigint_exits_at_once_writing_nothing() {
-    if !require_root("a_second_sigint_exits_at_once_writing_nothing") {
+fn item5_a_second_sigint_exits_at_once_writing_nothing() {
+    if !require_root("item5_a_second_sigint_exits_at_once_writing_nothing") {
         return;
     }
     let setup = Setup::new();
@@ -121,8 +121,8 @@ fn a_second_sigint_exits_at_once_writing_nothing() {
 }
 
 #[test]
-fn a_closed_stderr_does_not_stop_the_session() {
-    if !require_root("a_closed_stderr_does_not_stop_the_session") {
+fn item5_a_closed_stderr_does_not_stop_the_session() {
+    if !require_root("item5_a_closed_stderr_does_not_stop_the_session") {
         return;
     }
     let setup = Setup::new();
@@ -146,8 +146,8 @@ fn a_closed_stderr_does_not_stop_the_session() {
 /// In a mount namespace of its own where tracefs is not mounted, the tracer mounts it, and
 /// unmounts it when done.
 #[test]
-fn tracefs_the_tracer_mounted_is_unmounted() {
-    if !require_root("tracefs_the_tracer_mounted_is_unmounted") {
+fn item5_tracefs_the_tracer_mounted_is_unmounted() {
+    if !require_root("item5_tracefs_the_tracer_mounted_is_unmounted") {
         return;
     }
     let setup = Setup::new();
@@ -180,8 +180,8 @@ exit $rc"#;
 /// A second Ctrl-C exits at once, and still unmounts tracefs the tracer mounted (in a mount
 /// namespace of its own, as above).
 #[test]
-fn a_second_sigint_still_unmounts_tracefs_the_tracer_mounted() {
-    if !require_root("a_second_sigint_still_unmounts_tracefs_the_tracer_mounted") {
+fn item5_a_second_sigint_still_unmounts_tracefs_the_tracer_mounted() {
+    if !require_root("item5_a_second_sigint_still_unmounts_tracefs_the_tracer_mounted") {
         return;
     }
     let setup = Setup::new();

@@ -499,7 +499,7 @@ pub(crate) mod tests {
 
     /// Issue 21 item 4: a site's bytes are checked, not only its name.
     #[test]
-    fn refuses_a_site_that_does_not_start_with_the_nop5() {
+    fn item4_refuses_a_site_that_does_not_start_with_the_nop5() {
         let dir = tempfile::tempdir().unwrap();
         let path = stripped_copy(dir.path());
         let offset = SiteOffsets::find(&path)
