@@ -175,8 +175,9 @@ fn item7_tids_not_readded_at_exit() {
 fn tids_not_readded_at_exit(plan: &tracer::attach::detect::Plan) {
     use tracer::attach::{Group, Options, Session, target::Target};
     let me = std::env::current_exe().unwrap();
-    // Ends on its own (its client thread first) some seconds after listening.
-    let mut fixture = spawn_fixture(&me, 10.0);
+    // Runs until stopped below: attaching takes from a second here to a minute in the
+    // emulated guest, so an exit on its own could come before the programs are in.
+    let mut fixture = spawn_fixture(&me, 600.0);
     let target = Target::open(fixture.pid()).unwrap();
     let options = Options {
         sample_hz: 0,
@@ -201,8 +202,10 @@ fn tids_not_readded_at_exit(plan: &tracer::attach::detect::Plan) {
     // check below needs the fixture to exit while everything is attached.
     assert!(
         fixture.try_wait().unwrap().is_none(),
-        "the fixture exited while the tracer attached (machine too slow for this test)"
+        "the fixture exited while the tracer attached"
     );
+    // Every thread exits while everything is attached, each through its own last switch-out.
+    fixture.signal(Signal::TERM).unwrap();
     fixture.wait().unwrap();
     // The parent can be woken between a thread's exit_notify and its last switch-out: give
     // that switch a moment, so the check below sees it happen (it asserts no time).
