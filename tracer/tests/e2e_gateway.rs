@@ -549,7 +549,11 @@ fn a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind() {
     if tail["scheduling_ns"].as_u64() == Some(0) {
         eprintln!("e2e hog: the tail's requests were never runnable-waiting: no holder to name");
     } else {
-        assert!(holders(&tail).iter().any(is_hog), "{:#?}\n{tail}", shares(&tail));
+        assert!(
+            holders(&tail).iter().any(is_hog),
+            "{:#?}\n{tail}",
+            shares(&tail)
+        );
     }
     let folded = std::fs::read_to_string(run.out.join("tail-wait.folded")).unwrap();
     assert!(
