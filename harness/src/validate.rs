@@ -54,7 +54,7 @@ const SOAK_SAMPLE: Duration = Duration::from_secs(10);
 #[derive(clap::Args)]
 pub struct Args {
     /// Fraction of the untraced max throughput for accuracy, A/B and soak (0 < load ≤ 1).
-    #[arg(long, default_value_t = 0.25, value_parser = fraction)]
+    #[arg(long, default_value_t = 0.25, value_parser = flags::fraction(1.0))]
     load: f64,
     /// Seconds of the traced accuracy run.
     #[arg(long, default_value_t = 20.0, value_parser = flags::seconds)]
@@ -89,12 +89,8 @@ pub struct Args {
     /// Shorten everything (accuracy 5 s, windows 3 s, loss 3 s, soak 30 s) to try it out.
     #[arg(long)]
     quick: bool,
-    /// Output directory (default a new profiles/local/validation-<UTC time>).
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// Write into an `--out` directory that already holds files (a recorded run).
-    #[arg(long)]
-    overwrite: bool,
+    #[command(flatten)]
+    output: flags::Output,
     #[command(flatten)]
     placement: flags::Placement,
     /// Skip the untraced max search and use this rate (req/s).
@@ -103,13 +99,6 @@ pub struct Args {
     /// Only re-render DIR/README.md from DIR/validation.json (no run).
     #[arg(long, value_name = "DIR")]
     render: Option<PathBuf>,
-}
-
-fn fraction(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
-        _ => Err(format!("expected a fraction in (0, 1], got {text}")),
-    }
 }
 
 fn build_tracer() -> anyhow::Result<PathBuf> {
@@ -458,7 +447,7 @@ pub fn run(
     ensure_toolchain()?;
     let started = Instant::now();
     let timing = Timing::of(&args);
-    let out = crate::session_dir::prepare(args.out.as_deref(), "validation", args.overwrite)?;
+    let out = args.output.prepare("validation")?;
     let work = tempfile::Builder::new()
         .prefix("xtask-validate-")
         .tempdir()?;
@@ -1022,10 +1011,6 @@ mod tests {
 
     #[test]
     fn flags_are_checked() {
-        assert!(fraction("0.25").is_ok());
-        for bad in ["0", "1.5", "x", "-1"] {
-            assert!(fraction(bad).is_err(), "{bad}");
-        }
         assert!(flags::seconds("0").is_err() && flags::seconds("300").is_ok());
         assert_eq!(
             (
