@@ -31,7 +31,6 @@ use fold::{Folded, StackCounts};
 use phases::PhaseSamples;
 use render::Picture;
 use spill::Spill;
-pub use spill::SpilledRequest;
 use wait::WaitCounts;
 
 /// How many requests of each group trace.json shows.
@@ -311,7 +310,7 @@ impl FlameSession {
         closest.sort_by_key(|(distance, id, _)| (*distance, *id));
         summary.trace.slowest_req_ids = slowest.iter().map(|(_, id, _)| *id).collect();
         summary.trace.median_req_ids = closest.iter().map(|(_, id, _)| *id).collect();
-        let selected: Vec<(Group, &SpilledRequest)> = slowest
+        let selected: Vec<(Group, &RequestRecord)> = slowest
             .iter()
             .map(|(_, _, r)| (Group::Slowest, r))
             .chain(closest.iter().map(|(_, _, Keep(r))| (Group::Median, r)))
@@ -428,7 +427,7 @@ fn phase_counts(counts: &PhaseSamples) -> model::PhaseCounts {
 }
 
 /// A request ordered by nothing: heaps order by the keys beside it.
-struct Keep(SpilledRequest);
+struct Keep(RequestRecord);
 
 impl PartialEq for Keep {
     fn eq(&self, _: &Self) -> bool {

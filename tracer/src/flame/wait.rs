@@ -18,13 +18,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::requests::{Holder, Part, WriterWork};
+use crate::requests::{Holder, Part, RequestRecord, WriterWork};
 use crate::symbolize::{StackSource, Symbolizer};
 
 use session::pictures as model;
 
 use super::fold::Folded;
-use super::spill::SpilledRequest;
 use super::trace_json::ThreadNames;
 
 /// Frames of a holder, `;`-separated.
@@ -73,7 +72,7 @@ pub struct WaitCounts {
 
 impl WaitCounts {
     /// Adds a request's charges; one with none charged is only counted.
-    pub fn add(&mut self, req: &SpilledRequest) {
+    pub fn add(&mut self, req: &RequestRecord) {
         let Some(waits) = &req.waits else {
             self.uncharged += 1;
             return;
@@ -161,7 +160,7 @@ impl WaitCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::requests::{PARTS, WaitCharge};
+    use crate::requests::{Hits, PARTS, WaitCharge};
     use crate::symbolize::ProcessMaps;
 
     fn charge(part: Part, holder: Holder, ns: u64, user_stack: i64) -> WaitCharge {
@@ -179,7 +178,7 @@ mod tests {
         let mut parts = [0u64; PARTS];
         parts[Part::Scheduling.index()] = 100;
         parts[Part::LedgerOther.index()] = 7;
-        let req = SpilledRequest {
+        let req = RequestRecord {
             req_id: 1,
             status: 200,
             t_arrive_ns: 0,
@@ -194,6 +193,7 @@ mod tests {
                 charge(Part::Scheduling, Holder::Idle, 10, -1),
                 charge(Part::LedgerOther, Holder::Writer(WriterWork::Other), 7, -1),
             ]),
+            hits: Hits::default(),
         };
         let mut counts = WaitCounts::default();
         counts.add(&req);
