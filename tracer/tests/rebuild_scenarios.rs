@@ -6,7 +6,7 @@
 //! non-client socket while it polls the request. On-CPU time is `cpu` without `Phase` sites,
 //! `cpu.<phase>` with them.
 
-use tracer::requests::synthetic::{Stream, assert_consistent};
+use tracer::requests::synthetic::{Stream, assert_consistent, complete};
 use tracer::requests::{Incomplete, OffCpu, Outcome, Part, Rebuilder, RequestRecord};
 use tracer_ebpf::abi::syscall;
 use tracer_ebpf::sites::{Phase, Site};
@@ -14,16 +14,6 @@ use tracer_ebpf::sites::{Phase, Site};
 const W: u32 = 200; // the ledger writer thread
 /// A non-blocking connect returns -EINPROGRESS; the rebuild takes it whatever it returns.
 const EINPROGRESS: i64 = -115;
-
-fn complete(outcomes: &[Outcome], req: u64) -> &RequestRecord {
-    outcomes
-        .iter()
-        .find_map(|o| match o {
-            Outcome::Complete(r) if r.req_id == req => Some(r),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("request {req} not complete: {outcomes:?}"))
-}
 
 fn incomplete(outcomes: &[Outcome], req: u64) -> &str {
     outcomes
