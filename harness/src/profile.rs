@@ -30,9 +30,7 @@ use session::effect::ProbeEffect;
 
 use crate::ab::{self, Traced};
 use crate::machine::Machine;
-use crate::procs::{
-    self, Binaries, TracerProc, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
-};
+use crate::procs::{self, Binaries, Served, TracerProc, run_loadgen};
 use crate::workspace::read_json;
 use crate::{flags, session_dir};
 
@@ -168,22 +166,8 @@ pub fn run(
     let tracer_bin = procs::cargo_build_release(&["-p", "tracer", "--bins"])?.find("tracer")?;
     let load_cpus = Some(args.placement.load_cpus.as_str());
 
-    let mock = start_mock_upstream(&bins, load_cpus, args.delay_ms, logs)?;
-    let db = work.path().join("ledger.db");
-    let key = init_demo_db(&bins, &db, &mock.url)?;
-    let gateway = start_gateway(
-        &bins,
-        Some(&args.placement.gateway_cpus),
-        &db,
-        args.placement.workers as usize,
-        logs,
-    )?;
-    eprintln!(
-        "xtask: gateway pid {} at {} (CPUs {})",
-        gateway.proc.pid(),
-        gateway.url,
-        args.placement.gateway_cpus
-    );
+    let Served { mock, key, gateway } =
+        procs::start_served(&bins, &args.placement, args.delay_ms, logs)?;
     let loadgen = |extra: &[String], timeout: Duration| -> anyhow::Result<()> {
         let mut all = vec![
             "--url".to_owned(),

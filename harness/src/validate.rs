@@ -38,10 +38,7 @@ use session::validation::{
 
 use crate::ab::{self as windows_ab, Traced, median};
 use crate::flags;
-use crate::procs::{
-    self, Binaries, Gateway, MockUpstream, init_demo_db, run_loadgen, start_gateway,
-    start_mock_upstream, start_tracer,
-};
+use crate::procs::{self, Binaries, Gateway, MockUpstream, Served, run_loadgen, start_tracer};
 use crate::procstat;
 
 /// Untraced-then-traced max searches (step 4).
@@ -564,28 +561,13 @@ pub fn run(
 fn start(args: &Args, work: &Path) -> anyhow::Result<(Bench, Vec<Pin>)> {
     let bins = Binaries::build()?;
     let tracer = build_tracer()?;
-    let load_cpus = Some(args.placement.load_cpus.as_str());
-    let mock = start_mock_upstream(&bins, load_cpus, 0, work)?;
-    let db = work.join("ledger.db");
-    let key = init_demo_db(&bins, &db, &mock.url)?;
-    let gateway = start_gateway(
-        &bins,
-        Some(&args.placement.gateway_cpus),
-        &db,
-        args.placement.workers as usize,
-        work,
-    )?;
-    let gateway_pid = gateway.proc.pid();
+    let Served { mock, key, gateway } = procs::start_served(&bins, &args.placement, 0, work)?;
     let (gateway_cpus, load_cpus) = (&args.placement.gateway_cpus, &args.placement.load_cpus);
     let pinning = vec![
         pin("gateway", gateway_cpus, gateway.proc.cpus_allowed()?),
         pin("mock-upstream", load_cpus, mock.proc.cpus_allowed()?),
         pin("loadgen", load_cpus, format!("{load_cpus} (taskset)")),
     ];
-    eprintln!(
-        "xtask: gateway pid {gateway_pid} at {} (CPUs {})",
-        gateway.url, args.placement.gateway_cpus
-    );
     let bench = Bench {
         bins,
         tracer,
