@@ -751,12 +751,8 @@ mod tests {
     /// results.json (which re-judges the rows first).
     #[test]
     fn every_committed_bench_re_renders_byte_for_byte() {
-        let mut dirs: Vec<PathBuf> = std::fs::read_dir(crate::workspace::root().join("profiles"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.join("results.json").is_file())
-            .collect();
-        dirs.sort();
+        let profiles = crate::workspace::root().join("profiles");
+        let dirs = session::runs_holding(&profiles, "results.json").unwrap();
         assert!(!dirs.is_empty(), "no profiles/*/results.json");
         for dir in &dirs {
             let mut results: Results =
