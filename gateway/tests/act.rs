@@ -232,16 +232,7 @@ fn denials_and_upstream_failures_get_their_status_and_a_receipt() {
         }
         args.extend_from_slice(extra);
         demo.cli_ok(&args);
-        demo.cli_ok(&[
-            "token",
-            "link",
-            "--user",
-            "user-1",
-            "--service",
-            name,
-            "--token",
-            "t",
-        ]);
+        demo.link_token("user-1", name, "t", &[]);
     };
     add("limited", &up, &["--rate", "0.001", "--burst", "1"]);
     add(
@@ -261,18 +252,7 @@ fn denials_and_upstream_failures_get_their_status_and_a_receipt() {
         "--path",
         "/x",
     ]);
-    demo.cli_ok(&[
-        "token",
-        "link",
-        "--user",
-        "user-2",
-        "--service",
-        "demo",
-        "--token",
-        "old",
-        "--ttl-s",
-        "-10",
-    ]);
+    demo.link_token("user-2", "demo", "old", &["--ttl-s", "-10"]);
     let narrow = demo.cli_ok(&["key", "create", "--services", "demo", "--users", "user-1"]);
     let narrow = narrow
         .trim()
@@ -416,22 +396,13 @@ fn vault_changes_reach_a_running_server() {
     let injected =
         |id| act(&server.addr, key, Some(id), OK_BODY).json()["body"]["authorization"].clone();
     assert_eq!(injected(1), "Bearer demo-upstream-token");
-    let link = [
-        "token",
-        "link",
-        "--user",
-        "user-1",
-        "--service",
-        "demo",
-        "--token",
-    ];
-    demo.cli_ok(&[&link[..], &["rotated"]].concat());
+    demo.link_token("user-1", "demo", "rotated", &[]);
     assert_eq!(
         injected(2),
         "Bearer rotated",
         "the decrypted-token cache was not invalidated"
     );
-    demo.cli_ok(&[&link[..], &["rotated", "--ttl-s", "-1"]].concat());
+    demo.link_token("user-1", "demo", "rotated", &["--ttl-s", "-1"]);
     let reply = act(&server.addr, key, Some(3), OK_BODY);
     assert_eq!(
         (reply.status, reply.code()),
@@ -451,16 +422,7 @@ fn vault_changes_reach_a_running_server() {
         "--credential-header",
         "x-api-key",
     ]);
-    demo.cli_ok(&[
-        "token",
-        "link",
-        "--user",
-        "user-1",
-        "--service",
-        "hdr",
-        "--token",
-        "k1",
-    ]);
+    demo.link_token("user-1", "hdr", "k1", &[]);
     let reply = act(&server.addr, key, Some(4), &body("hdr", "user-1"));
     assert_eq!(reply.status, 200);
     assert_eq!(reply.json()["body"]["authorization"], Value::Null);

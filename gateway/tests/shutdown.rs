@@ -5,6 +5,7 @@ mod common;
 
 use std::io::Write;
 use std::net::TcpStream;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -20,6 +21,32 @@ fn body(id: u64) -> String {
     format!(
         r#"{{"service":"demo","action":"echo","on_behalf_of":"user-1","params":{{"id":{id}}}}}"#
     )
+}
+
+/// The demo gateway's ledger over a mock upstream that answers after `delay_ms` and logs
+/// each request id it acts on to `ids_log`.
+fn demo_logging_ids(ids_log: &Path, delay_ms: &str) -> Demo {
+    let upstream = spawn_listening(
+        env!("CARGO_BIN_EXE_mock-upstream"),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--delay-ms",
+            delay_ms,
+            "--log-ids",
+            ids_log.to_str().expect("utf-8"),
+        ],
+    );
+    Demo::with_upstream(upstream)
+}
+
+/// The request ids the upstream acted on.
+fn ids_seen(ids_log: &Path) -> Vec<u64> {
+    std::fs::read_to_string(ids_log)
+        .expect("upstream ids")
+        .lines()
+        .map(|l| l.parse().expect("id line"))
+        .collect()
 }
 
 /// Sends an act request, waits until it is surely at the upstream, then resets the connection.
@@ -45,18 +72,7 @@ fn act_and_reset(addr: &str, key: &str, id: u64) {
 fn item_14_sigterm_and_client_resets_leave_no_action_without_receipt() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ids_log = dir.path().join("upstream-ids");
-    let upstream = spawn_listening(
-        env!("CARGO_BIN_EXE_mock-upstream"),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--delay-ms",
-            "300",
-            "--log-ids",
-            ids_log.to_str().expect("utf-8"),
-        ],
-    );
-    let demo = Demo::with_upstream(upstream);
+    let demo = demo_logging_ids(&ids_log, "300");
     let mut server = demo.serve();
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -104,11 +120,7 @@ fn item_14_sigterm_and_client_resets_leave_no_action_without_receipt() {
 
     // The upstream has answered everything it got; then compare.
     std::thread::sleep(Duration::from_millis(500));
-    let seen: Vec<u64> = std::fs::read_to_string(&ids_log)
-        .expect("upstream ids")
-        .lines()
-        .map(|l| l.parse().expect("id line"))
-        .collect();
+    let seen = ids_seen(&ids_log);
     assert!(
         seen.iter()
             .any(|id| id % 100_000 > 0 && id / 100_000 >= CLIENTS),
@@ -131,18 +143,7 @@ fn item_14_requests_at_the_upstream_past_the_grace_get_their_receipts() {
     const HELD: u64 = 4;
     let dir = tempfile::tempdir().expect("tempdir");
     let ids_log = dir.path().join("upstream-ids");
-    let upstream = spawn_listening(
-        env!("CARGO_BIN_EXE_mock-upstream"),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--delay-ms",
-            "1500",
-            "--log-ids",
-            ids_log.to_str().expect("utf-8"),
-        ],
-    );
-    let demo = Demo::with_upstream(upstream);
+    let demo = demo_logging_ids(&ids_log, "1500");
     let mut server = gateway_serve(&demo.db, &["--shutdown-grace-ms", "100"]);
 
     // Sends its head and half its body, then waits: a handler that never reaches the upstream.
@@ -182,11 +183,7 @@ fn item_14_requests_at_the_upstream_past_the_grace_get_their_receipts() {
     }
     drop(stalled);
 
-    let seen: Vec<u64> = std::fs::read_to_string(&ids_log)
-        .expect("upstream ids")
-        .lines()
-        .map(|l| l.parse().expect("id line"))
-        .collect();
+    let seen = ids_seen(&ids_log);
     let missing = without_receipt(&demo.db, &seen);
     assert!(
         missing.is_empty(),

@@ -60,12 +60,8 @@ pub struct Args {
     /// Measured seconds per row (default 20, or 2 with --quick).
     #[arg(long)]
     duration: Option<f64>,
-    /// Output directory (default a new profiles/local/bench[-quick]-<UTC time>).
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// Write into an `--out` directory that already holds files (a recorded run).
-    #[arg(long)]
-    overwrite: bool,
+    #[command(flatten)]
+    output: crate::flags::Output,
     /// Also run every row against the gateway of git revision REV (a commit, tag or `HEAD~3`),
     /// built under target/baseline/, on a copy of the same ledger at the same rates. REV's
     /// gateway must read this ledger's schema (`gateway verify` checks every row's).
@@ -114,11 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let timing = Timing::of(&args);
     ensure!(timing.row > 0.0, "--duration must be positive");
     let machine = crate::machine::collect();
-    let out_dir = crate::session_dir::prepare(
-        args.out.as_deref(),
-        if args.quick { "bench-quick" } else { "bench" },
-        args.overwrite,
-    )?;
+    let out_dir = (args.output).prepare(if args.quick { "bench-quick" } else { "bench" })?;
     let bins = Binaries::build()?;
     let baseline = args.baseline.as_deref().map(baseline::build).transpose()?;
     let baseline_bins = baseline.as_ref().map(|b| Binaries {
@@ -759,12 +751,8 @@ mod tests {
     /// results.json (which re-judges the rows first).
     #[test]
     fn every_committed_bench_re_renders_byte_for_byte() {
-        let mut dirs: Vec<PathBuf> = std::fs::read_dir(crate::workspace::root().join("profiles"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.join("results.json").is_file())
-            .collect();
-        dirs.sort();
+        let profiles = crate::workspace::root().join("profiles");
+        let dirs = session::runs_holding(&profiles, "results.json").unwrap();
         assert!(!dirs.is_empty(), "no profiles/*/results.json");
         for dir in &dirs {
             let mut results: Results =

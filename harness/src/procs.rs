@@ -447,6 +447,40 @@ pub fn start_gateway(
     })
 }
 
+/// What profile and validate measure against: mock-upstream (delay `delay_ms`) on the load
+/// CPUs, a demo ledger `work/ledger.db` pointing at it, and the gateway pinned per `placement`.
+pub struct Served {
+    pub mock: MockUpstream,
+    /// The demo ledger's API key.
+    pub key: String,
+    pub gateway: Gateway,
+}
+
+pub fn start_served(
+    bins: &Binaries,
+    placement: &crate::flags::Placement,
+    delay_ms: u64,
+    work: &Path,
+) -> anyhow::Result<Served> {
+    let mock = start_mock_upstream(bins, Some(&placement.load_cpus), delay_ms, work)?;
+    let db = work.join("ledger.db");
+    let key = init_demo_db(bins, &db, &mock.url)?;
+    let gateway = start_gateway(
+        bins,
+        Some(&placement.gateway_cpus),
+        &db,
+        placement.workers as usize,
+        work,
+    )?;
+    eprintln!(
+        "xtask: gateway pid {} at {} (CPUs {})",
+        gateway.proc.pid(),
+        gateway.url,
+        placement.gateway_cpus
+    );
+    Ok(Served { mock, key, gateway })
+}
+
 /// One `GET /healthz` over a fresh connection; true on a 200.
 fn healthz_ok(addr: &str) -> bool {
     let attempt = || -> std::io::Result<bool> {

@@ -30,9 +30,7 @@ use session::effect::ProbeEffect;
 
 use crate::ab::{self, Traced};
 use crate::machine::Machine;
-use crate::procs::{
-    self, Binaries, TracerProc, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
-};
+use crate::procs::{self, Binaries, Served, TracerProc, run_loadgen};
 use crate::workspace::read_json;
 use crate::{flags, session_dir};
 
@@ -59,7 +57,7 @@ const CONNECTIONS: u64 = 128;
 #[derive(clap::Args)]
 pub struct Args {
     /// Fraction of the measured max throughput to run the session at (0 < load ≤ 1.5).
-    #[arg(long, default_value_t = 0.25, value_parser = load_fraction)]
+    #[arg(long, default_value_t = 0.25, value_parser = flags::fraction(1.5))]
     load: f64,
     /// mock-upstream's delay per request, in ms.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
@@ -69,12 +67,8 @@ pub struct Args {
     duration: f64,
     #[command(flatten)]
     placement: flags::Placement,
-    /// Session directory (default a new profiles/local/<load>pct-<delay>ms-<UTC time>).
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// Write into an `--out` directory that already holds files (a recorded session).
-    #[arg(long)]
-    overwrite: bool,
+    #[command(flatten)]
+    output: flags::Output,
     /// Skip the search and use this max rate (req/s), e.g. to repeat a session.
     #[arg(long, value_parser = rate)]
     max_rate: Option<f64>,
@@ -109,13 +103,6 @@ pub struct Args {
     /// waits behind other processes beside that session's.
     #[arg(long, value_name = "DIR")]
     compare: Option<PathBuf>,
-}
-
-fn load_fraction(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(load) if load > 0.0 && load <= 1.5 => Ok(load),
-        _ => Err(format!("--load must be a fraction in (0, 1.5], got {text}")),
-    }
 }
 
 fn rate(text: &str) -> Result<f64, String> {
@@ -165,11 +152,11 @@ pub fn run(
     // Before anything is built or started: the commit measured, and the load average the
     // session started from.
     let machine = crate::machine::collect();
-    let out = session_dir::prepare(
-        args.out.as_deref(),
-        &format!("{}pct-{}ms", (args.load * 100.0).round(), args.delay_ms),
-        args.overwrite,
-    )?;
+    let out = (args.output).prepare(&format!(
+        "{}pct-{}ms",
+        (args.load * 100.0).round(),
+        args.delay_ms
+    ))?;
     let work = tempfile::Builder::new()
         .prefix("xtask-profile-")
         .tempdir()?;
@@ -179,22 +166,8 @@ pub fn run(
     let tracer_bin = procs::cargo_build_release(&["-p", "tracer", "--bins"])?.find("tracer")?;
     let load_cpus = Some(args.placement.load_cpus.as_str());
 
-    let mock = start_mock_upstream(&bins, load_cpus, args.delay_ms, logs)?;
-    let db = work.path().join("ledger.db");
-    let key = init_demo_db(&bins, &db, &mock.url)?;
-    let gateway = start_gateway(
-        &bins,
-        Some(&args.placement.gateway_cpus),
-        &db,
-        args.placement.workers as usize,
-        logs,
-    )?;
-    eprintln!(
-        "xtask: gateway pid {} at {} (CPUs {})",
-        gateway.proc.pid(),
-        gateway.url,
-        args.placement.gateway_cpus
-    );
+    let Served { mock, key, gateway } =
+        procs::start_served(&bins, &args.placement, args.delay_ms, logs)?;
     let loadgen = |extra: &[String], timeout: Duration| -> anyhow::Result<()> {
         let mut all = vec![
             "--url".to_owned(),
@@ -429,7 +402,7 @@ fn command_line(args: &Args) -> String {
     if let Some(dir) = &args.compare {
         line += &format!(" --compare {}", dir.display());
     }
-    if let Some(out) = &args.out {
+    if let Some(out) = &args.output.out {
         line += &format!(" --out {}", out.display());
     }
     line
@@ -612,10 +585,7 @@ mod tests {
 
     #[test]
     fn flags_are_checked() {
-        assert!(load_fraction("0.25").is_ok());
-        for bad in ["0", "-0.1", "2", "x", "NaN"] {
-            assert!(load_fraction(bad).is_err(), "{bad}");
-        }
+        assert!(flags::fraction(1.5)("1.5").is_ok() && flags::fraction(1.5)("2").is_err());
         assert!(
             flags::seconds("0").is_err()
                 && flags::seconds("inf").is_err()

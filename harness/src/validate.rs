@@ -38,10 +38,7 @@ use session::validation::{
 
 use crate::ab::{self as windows_ab, Traced, median};
 use crate::flags;
-use crate::procs::{
-    self, Binaries, Gateway, MockUpstream, init_demo_db, run_loadgen, start_gateway,
-    start_mock_upstream, start_tracer,
-};
+use crate::procs::{self, Binaries, Gateway, MockUpstream, Served, run_loadgen, start_tracer};
 use crate::procstat;
 
 /// Untraced-then-traced max searches (step 4).
@@ -54,7 +51,7 @@ const SOAK_SAMPLE: Duration = Duration::from_secs(10);
 #[derive(clap::Args)]
 pub struct Args {
     /// Fraction of the untraced max throughput for accuracy, A/B and soak (0 < load ≤ 1).
-    #[arg(long, default_value_t = 0.25, value_parser = fraction)]
+    #[arg(long, default_value_t = 0.25, value_parser = flags::fraction(1.0))]
     load: f64,
     /// Seconds of the traced accuracy run.
     #[arg(long, default_value_t = 20.0, value_parser = flags::seconds)]
@@ -89,12 +86,8 @@ pub struct Args {
     /// Shorten everything (accuracy 5 s, windows 3 s, loss 3 s, soak 30 s) to try it out.
     #[arg(long)]
     quick: bool,
-    /// Output directory (default a new profiles/local/validation-<UTC time>).
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// Write into an `--out` directory that already holds files (a recorded run).
-    #[arg(long)]
-    overwrite: bool,
+    #[command(flatten)]
+    output: flags::Output,
     #[command(flatten)]
     placement: flags::Placement,
     /// Skip the untraced max search and use this rate (req/s).
@@ -103,13 +96,6 @@ pub struct Args {
     /// Only re-render DIR/README.md from DIR/validation.json (no run).
     #[arg(long, value_name = "DIR")]
     render: Option<PathBuf>,
-}
-
-fn fraction(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
-        _ => Err(format!("expected a fraction in (0, 1], got {text}")),
-    }
 }
 
 fn build_tracer() -> anyhow::Result<PathBuf> {
@@ -458,7 +444,7 @@ pub fn run(
     ensure_toolchain()?;
     let started = Instant::now();
     let timing = Timing::of(&args);
-    let out = crate::session_dir::prepare(args.out.as_deref(), "validation", args.overwrite)?;
+    let out = args.output.prepare("validation")?;
     let work = tempfile::Builder::new()
         .prefix("xtask-validate-")
         .tempdir()?;
@@ -575,28 +561,13 @@ pub fn run(
 fn start(args: &Args, work: &Path) -> anyhow::Result<(Bench, Vec<Pin>)> {
     let bins = Binaries::build()?;
     let tracer = build_tracer()?;
-    let load_cpus = Some(args.placement.load_cpus.as_str());
-    let mock = start_mock_upstream(&bins, load_cpus, 0, work)?;
-    let db = work.join("ledger.db");
-    let key = init_demo_db(&bins, &db, &mock.url)?;
-    let gateway = start_gateway(
-        &bins,
-        Some(&args.placement.gateway_cpus),
-        &db,
-        args.placement.workers as usize,
-        work,
-    )?;
-    let gateway_pid = gateway.proc.pid();
+    let Served { mock, key, gateway } = procs::start_served(&bins, &args.placement, 0, work)?;
     let (gateway_cpus, load_cpus) = (&args.placement.gateway_cpus, &args.placement.load_cpus);
     let pinning = vec![
         pin("gateway", gateway_cpus, gateway.proc.cpus_allowed()?),
         pin("mock-upstream", load_cpus, mock.proc.cpus_allowed()?),
         pin("loadgen", load_cpus, format!("{load_cpus} (taskset)")),
     ];
-    eprintln!(
-        "xtask: gateway pid {gateway_pid} at {} (CPUs {})",
-        gateway.url, args.placement.gateway_cpus
-    );
     let bench = Bench {
         bins,
         tracer,
@@ -1022,10 +993,6 @@ mod tests {
 
     #[test]
     fn flags_are_checked() {
-        assert!(fraction("0.25").is_ok());
-        for bad in ["0", "1.5", "x", "-1"] {
-            assert!(fraction(bad).is_err(), "{bad}");
-        }
         assert!(flags::seconds("0").is_err() && flags::seconds("300").is_ok());
         assert_eq!(
             (

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{loadgen, read_csv, read_json};
+use common::run_direct;
 use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -84,33 +84,21 @@ fn start_stalling_server(stall_after_ns: u64) -> (String, Stall) {
 fn requests_scheduled_during_a_stall_include_their_wait() {
     // Warm-up 0.5 s, then 2 s measured at 200 req/s: the stall opens about 1 s into the window.
     let (url, stall) = start_stalling_server(monotonic_ns() + 1_500_000_000);
-    let dir = tempfile::tempdir().unwrap();
-    let (json, csv) = (dir.path().join("run.json"), dir.path().join("requests.csv"));
-    let output = loadgen(&[
-        "--url",
+    let (summary, rows) = run_direct(
         &url,
-        "--direct",
-        "--rate",
-        "200",
-        "--duration",
-        "2",
-        "--warmup",
-        "0.5",
-        "--connections",
-        "4",
-        "--out",
-        json.to_str().unwrap(),
-        "--requests-out",
-        csv.to_str().unwrap(),
-    ]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+        &[
+            "--rate",
+            "200",
+            "--duration",
+            "2",
+            "--warmup",
+            "0.5",
+            "--connections",
+            "4",
+        ],
     );
     let (stall_start, stall_end) = stall.lock().unwrap().expect("the server stalled");
 
-    let rows = read_csv(&csv);
     let during: Vec<_> = rows
         .iter()
         .filter(|r| (stall_start..stall_end).contains(&r.scheduled_ns))
@@ -141,7 +129,6 @@ fn requests_scheduled_during_a_stall_include_their_wait() {
     );
 
     // The summary carries it: ≥ 2.5% of the 400 measured requests waited ≥ 150 ms.
-    let summary = read_json(&json);
     let p99_us = summary["latency_us"]["p99"].as_f64().unwrap();
     let max_us = summary["latency_us"]["max"].as_f64().unwrap();
     assert!(p99_us >= 150_000.0, "p99 {p99_us} µs hides the stall");

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{MockUpstream, loadgen, read_csv, read_json};
+use common::{MockUpstream, loadgen, read_json, run_direct};
 
 fn assert_success(output: &std::process::Output) {
     assert!(
@@ -16,29 +16,21 @@ fn assert_success(output: &std::process::Output) {
 #[test]
 fn open_loop_achieves_the_target_rate_and_logs_every_request() {
     let upstream = MockUpstream::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (json, csv) = (dir.path().join("run.json"), dir.path().join("requests.csv"));
-    let output = loadgen(&[
-        "--url",
+    let (summary, rows) = run_direct(
         &upstream.url,
-        "--direct",
-        "--rate",
-        "1000",
-        "--duration",
-        "3",
-        "--warmup",
-        "0.5",
-        "--connections",
-        "8",
-        "--first-id",
-        "5000",
-        "--out",
-        json.to_str().unwrap(),
-        "--requests-out",
-        csv.to_str().unwrap(),
-    ]);
-    assert_success(&output);
-    let summary = read_json(&json);
+        &[
+            "--rate",
+            "1000",
+            "--duration",
+            "3",
+            "--warmup",
+            "0.5",
+            "--connections",
+            "8",
+            "--first-id",
+            "5000",
+        ],
+    );
     let achieved = summary["achieved_rate"].as_f64().unwrap();
     assert!(
         (achieved - 1000.0).abs() <= 20.0,
@@ -51,7 +43,6 @@ fn open_loop_achieves_the_target_rate_and_logs_every_request() {
     let lag_p50 = summary["send_lag_us"]["p50"].as_f64().unwrap();
     assert!(lag_p50 >= 0.0 && lag_p50 <= summary["latency_us"]["p50"].as_f64().unwrap());
 
-    let rows = read_csv(&csv);
     assert_eq!(
         rows.len() as u64,
         summary["sent"].as_u64().unwrap(),
@@ -74,26 +65,10 @@ fn open_loop_achieves_the_target_rate_and_logs_every_request() {
 #[test]
 fn closed_loop_logs_one_row_per_request_sent() {
     let upstream = MockUpstream::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (json, csv) = (dir.path().join("run.json"), dir.path().join("requests.csv"));
-    let output = loadgen(&[
-        "--url",
+    let (summary, rows) = run_direct(
         &upstream.url,
-        "--direct",
-        "--concurrency",
-        "4",
-        "--duration",
-        "0.5",
-        "--warmup",
-        "0.2",
-        "--out",
-        json.to_str().unwrap(),
-        "--requests-out",
-        csv.to_str().unwrap(),
-    ]);
-    assert_success(&output);
-    let summary = read_json(&json);
-    let rows = read_csv(&csv);
+        &["--concurrency", "4", "--duration", "0.5", "--warmup", "0.2"],
+    );
     assert!(!rows.is_empty());
     assert_eq!(rows.len() as u64, summary["sent"].as_u64().unwrap());
     let measured = rows.iter().filter(|r| !r.warmup).count() as u64;

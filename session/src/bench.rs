@@ -487,14 +487,9 @@ mod tests {
     }
 
     fn committed() -> Vec<PathBuf> {
-        let profiles = concat!(env!("CARGO_MANIFEST_DIR"), "/../profiles");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(profiles)
-            .unwrap()
-            .map(|e| e.unwrap().path().join("results.json"))
-            .filter(|p| p.is_file())
-            .collect();
-        files.sort();
-        files
+        let profiles = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
+        let dirs = crate::runs_holding(&profiles, "results.json").unwrap();
+        dirs.iter().map(|dir| dir.join("results.json")).collect()
     }
 
     #[test]

@@ -17,3 +17,20 @@ pub mod requests;
 pub mod stats;
 pub mod targets;
 pub mod validation;
+
+/// The run directories directly under `profiles` that hold a file `name`, sorted: the
+/// recorded runs that tests read back.
+pub fn runs_holding(
+    profiles: &std::path::Path,
+    name: &str,
+) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut dirs = Vec::new();
+    for entry in std::fs::read_dir(profiles)? {
+        let dir = entry?.path();
+        if dir.join(name).is_file() {
+            dirs.push(dir);
+        }
+    }
+    dirs.sort();
+    Ok(dirs)
+}

@@ -309,14 +309,9 @@ mod tests {
     use super::*;
 
     fn committed() -> Vec<PathBuf> {
-        let profiles = concat!(env!("CARGO_MANIFEST_DIR"), "/../profiles");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(profiles)
-            .unwrap()
-            .map(|e| e.unwrap().path().join(VALIDATION_JSON))
-            .filter(|p| p.is_file())
-            .collect();
-        files.sort();
-        files
+        let profiles = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
+        let dirs = crate::runs_holding(&profiles, VALIDATION_JSON).unwrap();
+        dirs.iter().map(|dir| dir.join(VALIDATION_JSON)).collect()
     }
 
     #[test]

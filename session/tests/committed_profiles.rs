@@ -14,12 +14,7 @@ use session::requests::{IncompleteRow, RequestRow, rows};
 /// profiles/2026-12-*: the tracer (profile) sessions.
 fn sessions() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
-    let mut dirs: Vec<PathBuf> = fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join(session::breakdown::FILE).is_file())
-        .collect();
-    dirs.sort();
+    let dirs = session::runs_holding(&root, session::breakdown::FILE).unwrap();
     assert!(
         dirs.len() >= 12,
         "profile sessions under {}",

@@ -423,10 +423,10 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         "tracer: pictures of {} requests ({} tail, {} median band; {} samples, {} in the tail) \
          drawn in {:.1}s",
         pictures.requests,
-        pictures.tail_requests,
-        pictures.median_requests,
+        pictures.tail.requests,
+        pictures.median_band.requests,
         pictures.all_samples,
-        pictures.tail_samples,
+        pictures.tail.samples,
         drawing.elapsed().as_secs_f64(),
     );
     // The files are written; a closed stdout loses only this copy of the table.

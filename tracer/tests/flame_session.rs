@@ -6,8 +6,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::path::Path;
 
+use session::pictures::Pictures;
 use tracer::flame::trace_json::ThreadNames;
-use tracer::flame::{Bands, FlameSession, FlameSummary};
+use tracer::flame::{Bands, FlameSession};
 use tracer::requests::{
     Hits, Holder, OffCpu, PARTS, Part, RequestRecord, Slice, StackSample, WaitCharge,
 };
@@ -140,11 +141,11 @@ fn svg_text(dir: &Path, name: &str) -> String {
 }
 
 /// Draws the pictures of the synthetic records into `dir`, with or without the wait-for view.
-fn draw(dir: &Path, wait_for: bool) -> FlameSummary {
+fn draw(dir: &Path, wait_for: bool) -> Pictures {
     draw_records(dir, wait_for, (0..REQUESTS).map(record).collect())
 }
 
-fn draw_records(dir: &Path, wait_for: bool, records: Vec<RequestRecord>) -> FlameSummary {
+fn draw_records(dir: &Path, wait_for: bool, records: Vec<RequestRecord>) -> Pictures {
     let out = tracer::out_dir::OutDir::open_for(dir, false, None).unwrap();
     let mut session = FlameSession::create(&out).unwrap();
     if wait_for {
@@ -208,17 +209,25 @@ fn without_the_wait_for_view_no_wait_picture_is_drawn() {
 fn a_session_writes_every_picture_with_real_frames() {
     let dir = tempfile::tempdir().unwrap();
     let summary = draw(dir.path(), true);
+    assert_eq!(
+        read_pictures(dir.path()),
+        summary,
+        "what is returned is what is written"
+    );
 
     assert_eq!(summary.requests, REQUESTS);
     assert_eq!(
-        summary.tail_requests, 2,
+        summary.tail.requests, 2,
         "nearest-rank p99 of 200 leaves 2 above it"
     );
-    assert_eq!(summary.median_requests, 21);
-    assert_eq!(summary.tail_samples, 4);
-    assert_eq!(summary.slowest_ids.first(), Some(&(10_000 + REQUESTS - 1)));
-    assert_eq!(summary.slowest_ids.len(), 20);
-    assert_eq!(summary.median_ids.len(), 20);
+    assert_eq!(summary.median_band.requests, 21);
+    assert_eq!(summary.tail.samples, 4);
+    assert_eq!(
+        summary.trace.slowest_req_ids.first(),
+        Some(&(10_000 + REQUESTS - 1))
+    );
+    assert_eq!(summary.trace.slowest_req_ids.len(), 20);
+    assert_eq!(summary.trace.median_req_ids.len(), 20);
 
     assert_eq!(
         file_names(dir.path()),
@@ -282,14 +291,17 @@ fn a_session_writes_every_picture_with_real_frames() {
     assert_eq!(wait.charged_ns, 20_000);
     assert_eq!(
         wait.holders[0],
-        ("other process · hog (pid 777)".to_owned(), 12_000)
+        session::pictures::Holder {
+            holder: "other process · hog (pid 777)".to_owned(),
+            ns: 12_000
+        }
     );
     // Every request had its waits charged (10 µs each), so wait_all covers all of them.
     let wait_all = summary.wait_all.unwrap();
-    assert!(summary.wait_all_every);
+    assert_eq!(summary.wait_all_of, Some(Some("every request".to_owned())));
     assert_eq!(
         (wait_all.requests, wait_all.charged_ns),
-        (REQUESTS, 10_000 * REQUESTS)
+        (Some(REQUESTS), 10_000 * REQUESTS)
     );
     let pictures = read_pictures(dir.path());
     let (wait, wait_all) = (pictures.wait.unwrap(), pictures.wait_all.unwrap());
@@ -372,15 +384,18 @@ fn wait_all_stands_on_the_uniform_sample_when_not_every_request_was_charged() {
         .filter(|i| tracer::requests::wait::in_uniform_sample(10_000 + i))
         .count() as u64;
     assert!(sampled > 0 && sampled < REQUESTS, "{sampled}");
-    assert!(!summary.wait_all_every);
+    assert_eq!(
+        summary.wait_all_of,
+        Some(Some("a uniform 1-in-16 sample".to_owned()))
+    );
     let wait_all = summary.wait_all.unwrap();
     assert_eq!(
         (wait_all.requests, wait_all.charged_ns),
-        (sampled, 10_000 * sampled)
+        (Some(sampled), 10_000 * sampled)
     );
 }
 
 /// pictures.json, through the model (a key it does not know fails here).
-fn read_pictures(dir: &Path) -> session::pictures::Pictures {
+fn read_pictures(dir: &Path) -> Pictures {
     serde_json::from_slice(&fs::read(dir.join("pictures.json")).unwrap()).unwrap()
 }

@@ -6,24 +6,14 @@
 //! non-client socket while it polls the request. On-CPU time is `cpu` without `Phase` sites,
 //! `cpu.<phase>` with them.
 
-use tracer::requests::synthetic::{Stream, assert_consistent};
+use tracer::requests::synthetic::{Stream, assert_consistent, complete};
 use tracer::requests::{Incomplete, OffCpu, Outcome, Part, Rebuilder, RequestRecord};
-use tracer_ebpf::abi::syscall;
+use tracer_ebpf::abi::{Event, syscall};
 use tracer_ebpf::sites::{Phase, Site};
 
 const W: u32 = 200; // the ledger writer thread
 /// A non-blocking connect returns -EINPROGRESS; the rebuild takes it whatever it returns.
 const EINPROGRESS: i64 = -115;
-
-fn complete(outcomes: &[Outcome], req: u64) -> &RequestRecord {
-    outcomes
-        .iter()
-        .find_map(|o| match o {
-            Outcome::Complete(r) if r.req_id == req => Some(r),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("request {req} not complete: {outcomes:?}"))
-}
 
 fn incomplete(outcomes: &[Outcome], req: u64) -> &str {
     outcomes
@@ -472,6 +462,15 @@ fn read_and_begin(s: &mut Stream, t0: u64, tid: u32, req: u64, fd: u64, sk: u64)
         .request_begin(t0 + 1100, tid, req, fd)
 }
 
+/// A fresh rebuilder fed `events` in order, not finished.
+fn fed(events: &[Event]) -> Rebuilder {
+    let mut rb = Rebuilder::new();
+    for ev in events {
+        rb.push(ev);
+    }
+    rb
+}
+
 fn simple(s: &mut Stream, t0: u64, req: u64, fd: u64, sk: u64) {
     read_and_begin(s, t0, 101, req, fd, sk)
         .request_end(t0 + 1400, 101, req, 200)
@@ -483,10 +482,7 @@ fn loss_reported_late_makes_held_requests_incomplete() {
     let mut s = Stream::new();
     simple(&mut s, 0, 1, 10, 0xc1);
     simple(&mut s, 10_000, 2, 11, 0xc2);
-    let mut rb = Rebuilder::new();
-    for ev in s.events() {
-        rb.push(&ev);
-    }
+    let mut rb = fed(&s.events());
     assert!(
         rb.drain().is_empty(),
         "outcomes are held for late loss reports"
@@ -503,10 +499,7 @@ fn loss_with_partial_events_attributes_nothing() {
     simple(&mut s, 0, 1, 10, 0xc1);
     // The request end (its last poll's end) and the response were lost; the loss covers them.
     let events: Vec<_> = s.events().into_iter().filter(|e| e.ts_ns < 1400).collect();
-    let mut rb = Rebuilder::new();
-    for ev in &events {
-        rb.push(ev);
-    }
+    let mut rb = fed(&events);
     rb.lost(1390, 1520);
     // The next request on the connection: request 1's response send was lost, so its
     // arrival cannot be told from request 1's and it is incomplete too. Once a response is
@@ -552,11 +545,7 @@ fn arrival_not_seen_is_incomplete() {
         .into_iter()
         .filter(|e| e.kind != tracer_ebpf::abi::kind::DATA_READY)
         .collect();
-    let mut rb = Rebuilder::new();
-    for ev in &events {
-        rb.push(ev);
-    }
-    let out = rb.finish(5000);
+    let out = fed(&events).finish(5000);
     assert_eq!(out.len(), 1);
     assert_eq!(incomplete(&out, 1), "arrival not seen");
 }
@@ -566,11 +555,10 @@ fn missing_receipt_durable_is_incomplete() {
     let mut s = Stream::new();
     receipt_request(&mut s, 0);
     let events: Vec<_> = s.events().into_iter().filter(|e| e.ts_ns != 6700).collect();
-    let mut rb = Rebuilder::new();
-    for ev in &events {
-        rb.push(ev);
-    }
-    assert_eq!(incomplete(&rb.finish(9000), 1), "receipt durable not seen");
+    assert_eq!(
+        incomplete(&fed(&events).finish(9000), 1),
+        "receipt durable not seen"
+    );
 }
 
 /// Arrival and client socket of request `req` on `fd`, so its begin is accepted.
@@ -693,10 +681,7 @@ fn still_open_at_finish_is_incomplete_in_id_order() {
             .sock_fd(1005, 101, fd + 0xc000, fd)
             .request_begin(1100, 101, req, fd);
     }
-    let mut rb = Rebuilder::new();
-    for ev in s.events() {
-        rb.push(&ev);
-    }
+    let mut rb = fed(&s.events());
     assert_eq!(rb.open_requests(), 2);
     let out = rb.finish(2000);
     let ids: Vec<u64> = out
@@ -717,10 +702,7 @@ fn still_open_at_finish_is_incomplete_in_id_order() {
 fn drain_releases_after_the_hold() {
     let mut s = Stream::new();
     simple(&mut s, 0, 1, 10, 0xc1);
-    let mut rb = Rebuilder::new();
-    for ev in s.events() {
-        rb.push(&ev);
-    }
+    let mut rb = fed(&s.events());
     assert!(rb.drain().is_empty());
     // Any later event moves the clock past the hold.
     let mut later = Stream::new();

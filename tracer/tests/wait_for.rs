@@ -2,24 +2,14 @@
 //! on its CPU instead (another request, the ledger writer, another process, idle), and its
 //! receipt wait to what the writer did.
 
-use tracer::requests::synthetic::{Stream, assert_consistent};
-use tracer::requests::{Holder, Outcome, Part, Rebuilder, RequestRecord, WriterWork};
+use tracer::requests::synthetic::{Stream, assert_consistent, complete};
+use tracer::requests::{Holder, Part, Rebuilder, RequestRecord, WriterWork};
 use tracer_ebpf::sites::Phase;
 
 const WORKER: u32 = 101;
 const W: u32 = 200; // the ledger writer
 const HOG: u32 = 4242; // a process outside the gateway
 const CPU: u32 = 0;
-
-fn complete(outcomes: &[Outcome], req: u64) -> &RequestRecord {
-    outcomes
-        .iter()
-        .find_map(|o| match o {
-            Outcome::Complete(r) if r.req_id == req => Some(r),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("request {req} not complete: {outcomes:?}"))
-}
 
 /// ns charged to each holder for `part`, largest first.
 fn charged(r: &RequestRecord, part: Part) -> Vec<(Holder, u64)> {

@@ -343,6 +343,22 @@ impl Demo {
         out
     }
 
+    /// `gateway token link --user USER --service SERVICE --token TOKEN EXTRA`.
+    pub fn link_token(&self, user: &str, service: &str, token: &str, extra: &[&str]) {
+        let mut args = vec![
+            "token",
+            "link",
+            "--user",
+            user,
+            "--service",
+            service,
+            "--token",
+            token,
+        ];
+        args.extend_from_slice(extra);
+        self.cli_ok(&args);
+    }
+
     pub fn serve(&self) -> Proc {
         gateway_serve(&self.db, &[])
     }

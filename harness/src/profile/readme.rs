@@ -583,12 +583,7 @@ pub(crate) mod tests {
     fn every_recorded_session_readme_renders_from_the_files_beside_it() {
         let root = crate::workspace::root().join("profiles");
         let (mut rendered, mut differs) = (0, Vec::new());
-        let mut dirs: Vec<PathBuf> = fs::read_dir(&root)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.join(session::breakdown::FILE).is_file())
-            .collect();
-        dirs.sort();
+        let dirs = session::runs_holding(&root, session::breakdown::FILE).unwrap();
         for dir in dirs {
             let name = dir.file_name().unwrap().to_string_lossy().into_owned();
             if !dir.join(PROBE_EFFECT_JSON).is_file() {

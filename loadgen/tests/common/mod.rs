@@ -82,6 +82,25 @@ pub fn loadgen(args: &[&str]) -> Output {
         .expect("running loadgen")
 }
 
+/// `loadgen --url URL --direct ARGS` writing its summary and per-request log into a temp
+/// dir; panics with loadgen's stderr if it fails. Returns the summary and the rows.
+pub fn run_direct(url: &str, args: &[&str]) -> (serde_json::Value, Vec<Row>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (json, csv) = (dir.path().join("run.json"), dir.path().join("requests.csv"));
+    let mut all = vec!["--url", url, "--direct"];
+    all.extend_from_slice(args);
+    all.extend(["--out", json.to_str().unwrap()]);
+    all.extend(["--requests-out", csv.to_str().unwrap()]);
+    let output = loadgen(&all);
+    assert!(
+        output.status.success(),
+        "loadgen failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (read_json(&json), read_csv(&csv))
+}
+
 pub fn read_json(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("reading JSON")).expect("valid JSON")
 }

@@ -19,10 +19,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::str::FromStr;
 
-use crate::requests::Part;
+use crate::requests::{Part, RequestRecord};
 use crate::symbolize::{StackSource, Symbolizer};
-
-use super::spill::SpilledRequest;
 
 /// Frames for ledger time no switch-out stack explains.
 pub const WRITER_FSYNC_FRAMES: &str = "ledger-writer;fdatasync";
@@ -51,7 +49,7 @@ pub struct StackCounts {
 
 impl StackCounts {
     /// Adds every on-CPU sample of `req`, one count each.
-    pub fn add_samples(&mut self, req: &SpilledRequest) {
+    pub fn add_samples(&mut self, req: &RequestRecord) {
         for sample in &req.samples {
             let root = sample.phase.map_or(Part::OnCpu, Part::Cpu).name();
             let raw = RawStack::Ids {
@@ -65,7 +63,7 @@ impl StackCounts {
 
     /// Adds the off-CPU ns of `req`: each switch-out by its stack, and the ledger ns that no
     /// switch-out covers under the writer's synthetic frames.
-    pub fn add_offcpu(&mut self, req: &SpilledRequest) {
+    pub fn add_offcpu(&mut self, req: &RequestRecord) {
         let mut covered = [0u64; 2];
         for off in &req.offcpu {
             if off.ns == 0 {
@@ -216,15 +214,15 @@ impl FromStr for Folded {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::requests::{OffCpu, PARTS, StackSample};
+    use crate::requests::{Hits, OffCpu, PARTS, StackSample};
     use crate::symbolize::ProcessMaps;
     use tracer_ebpf::sites::Phase;
 
-    fn request() -> SpilledRequest {
+    fn request() -> RequestRecord {
         let mut parts = [0u64; PARTS];
         parts[Part::LedgerFsync.index()] = 1000;
         parts[Part::Signing.index()] = 300;
-        SpilledRequest {
+        RequestRecord {
             req_id: 1,
             status: 200,
             t_arrive_ns: 0,
@@ -278,6 +276,7 @@ mod tests {
                 },
             ],
             waits: None,
+            hits: Hits::default(),
         }
     }
 

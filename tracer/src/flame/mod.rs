@@ -24,15 +24,14 @@ use anyhow::{Context, Result};
 use crate::out_dir::OutDir;
 use crate::requests::RequestRecord;
 use crate::symbolize::{StackSource, Symbolizer};
-use trace_json::{Group, ThreadNames, TraceSummary};
+use session::pictures as model;
+use trace_json::{Group, ThreadNames};
 
 use fold::{Folded, StackCounts};
 use phases::PhaseSamples;
 use render::Picture;
 use spill::Spill;
-pub use spill::SpilledRequest;
 use wait::WaitCounts;
-pub use wait::WaitSummary;
 
 /// How many requests of each group trace.json shows.
 pub const TRACE_REQUESTS_PER_GROUP: usize = 20;
@@ -52,46 +51,12 @@ pub mod files {
     pub const SUMMARY: &str = "pictures.json";
 }
 
-/// On-CPU samples by phase frame, per band.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BandPhases {
-    pub tail: PhaseSamples,
-    pub median: PhaseSamples,
-    pub all: PhaseSamples,
-}
-
 /// Collects a session's requests for the pictures.
 pub struct FlameSession {
     out_dir: OutDir,
     spill: Spill,
     wait_for: bool,
     sample_hz: Option<u64>,
-}
-
-/// What the pictures show, also written as `pictures.json`.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct FlameSummary {
-    pub requests: u64,
-    pub tail_requests: u64,
-    pub median_requests: u64,
-    pub all_samples: u64,
-    pub tail_samples: u64,
-    pub median_samples: u64,
-    pub tail_offcpu_ns: u64,
-    /// The tail's wait-for view, when the session had it (`--wait-for`).
-    pub wait: Option<WaitSummary>,
-    /// The same over every complete request when each had its waits charged (a session
-    /// shorter than the tracer's warm-up), else over the uniform sample
-    /// (`wait::in_uniform_sample`): what requests wait behind in general.
-    pub wait_all: Option<WaitSummary>,
-    /// Whether `wait_all` covers every complete request rather than the uniform sample.
-    pub wait_all_every: bool,
-    /// The sampled per-phase split of each band's on-CPU samples.
-    pub phases: BandPhases,
-    pub trace: TraceSummary,
-    pub slowest_ids: Vec<u64>,
-    pub median_ids: Vec<u64>,
-    pub kernel_names: bool,
 }
 
 impl FlameSession {
@@ -140,7 +105,7 @@ impl FlameSession {
         threads: &ThreadNames,
         tasks: &HashMap<u32, String>,
         gateway_pid: u32,
-    ) -> Result<FlameSummary> {
+    ) -> Result<model::Pictures> {
         let mut all = StackCounts::default();
         let mut tail_wait = WaitCounts::default();
         let mut sample_wait = WaitCounts::default();
@@ -149,9 +114,32 @@ impl FlameSession {
         let mut tail = StackCounts::default();
         let mut median = StackCounts::default();
         let mut tail_off = StackCounts::default();
-        let mut summary = FlameSummary {
-            kernel_names: symbolizer.kernel_names(),
-            ..FlameSummary::default()
+        // What the pictures show, counted as they are drawn and written as pictures.json.
+        let mut summary = model::Pictures {
+            all_samples: 0,
+            kernel_symbols: symbolizer.kernel_names(),
+            median_band: model::MedianBand {
+                overhead_ns: [bands.median_lo_ns, bands.median_hi_ns],
+                requests: 0,
+                samples: 0,
+            },
+            phase_samples: None,
+            requests: 0,
+            tail: model::Tail {
+                above_overhead_ns: bands.tail_above_ns,
+                offcpu_ns: 0,
+                requests: 0,
+                samples: 0,
+            },
+            trace: model::Trace {
+                complete_events: 0,
+                median_req_ids: Vec::new(),
+                slowest_req_ids: Vec::new(),
+                thread_tracks: 0,
+            },
+            wait: None,
+            wait_all: None,
+            wait_all_of: Some(None),
         };
         // Min-heaps of the best candidates so far (the worst candidate on top, to evict).
         let mut slowest: BinaryHeap<Reverse<(u64, Reverse<u64>, Keep)>> = BinaryHeap::new();
@@ -175,15 +163,15 @@ impl FlameSession {
                 sample_wait.add(&req);
             }
             if bands.is_tail(overhead) {
-                summary.tail_requests += 1;
-                summary.tail_samples += req.samples.len() as u64;
+                summary.tail.requests += 1;
+                summary.tail.samples += req.samples.len() as u64;
                 tail.add_samples(&req);
                 tail_off.add_offcpu(&req);
                 tail_wait.add(&req);
             }
             if bands.is_median(overhead) {
-                summary.median_requests += 1;
-                summary.median_samples += req.samples.len() as u64;
+                summary.median_band.requests += 1;
+                summary.median_band.samples += req.samples.len() as u64;
                 median.add_samples(&req);
                 let key = (overhead.abs_diff(bands.median_ns), req.req_id);
                 let kept = closest.len() < TRACE_REQUESTS_PER_GROUP
@@ -207,12 +195,13 @@ impl FlameSession {
         let all_folded = all.fold(stacks, symbolizer);
         let median_folded = median.fold(stacks, symbolizer);
         let tail_off_folded = tail_off.fold(stacks, symbolizer);
-        summary.tail_offcpu_ns = tail_off_folded.total();
-        summary.phases = BandPhases {
-            tail: PhaseSamples::from_folded(&tail_folded),
-            median: PhaseSamples::from_folded(&median_folded),
-            all: PhaseSamples::from_folded(&all_folded),
-        };
+        summary.tail.offcpu_ns = tail_off_folded.total();
+        summary.phase_samples = Some(model::BandPhases {
+            all: phase_counts(&PhaseSamples::from_folded(&all_folded)),
+            median: phase_counts(&PhaseSamples::from_folded(&median_folded)),
+            sample_hz: self.sample_hz,
+            tail: phase_counts(&PhaseSamples::from_folded(&tail_folded)),
+        });
 
         let tail_us = bands.tail_above_ns as f64 / 1e3;
         let (lo_us, hi_us) = (
@@ -227,7 +216,7 @@ impl FlameSession {
             &Picture {
                 title: format!(
                     "On-CPU: {} tail requests (overhead > p99 = {tail_us:.1} µs), {} samples",
-                    summary.tail_requests, summary.tail_samples
+                    summary.tail.requests, summary.tail.samples
                 ),
                 subtitle: oncpu_note.to_owned(),
                 count_name: "samples",
@@ -251,8 +240,8 @@ impl FlameSession {
             &Picture {
                 title: format!(
                     "Off-CPU: {} tail requests (overhead > p99 = {tail_us:.1} µs), {:.1} ms charged",
-                    summary.tail_requests,
-                    summary.tail_offcpu_ns as f64 / 1e6
+                    summary.tail.requests,
+                    summary.tail.offcpu_ns as f64 / 1e6
                 ),
                 subtitle: "root frame = part charged; stack at switch-out; ledger-writer;fdatasync|sign = \
                            writer time with no switch-out stack"
@@ -270,7 +259,7 @@ impl FlameSession {
                 &Picture {
                     title: format!(
                         "While {} tail requests waited for the CPU ({:.1} ms of scheduling): what ran instead",
-                        summary.tail_requests,
+                        summary.tail.requests,
                         wait.scheduling_ns as f64 / 1e6
                     ),
                     subtitle: format!(
@@ -286,13 +275,13 @@ impl FlameSession {
             summary.wait = Some(wait);
             // A short session charges every request: then all of them are the fairer sample
             // (a 1-in-16 sample of a few hundred requests can be empty).
-            summary.wait_all_every = charged == summary.requests;
-            let all_wait = if summary.wait_all_every {
-                every_wait
+            let (all_wait, of) = if charged == summary.requests {
+                (every_wait, "every request")
             } else {
-                sample_wait
+                (sample_wait, "a uniform 1-in-16 sample")
             };
             summary.wait_all = Some(all_wait.summary(threads, tasks));
+            summary.wait_all_of = Some(Some(of.to_owned()));
         }
         self.out_dir.write(
             &format!("{}.folded", files::MEDIAN_ONCPU),
@@ -301,7 +290,7 @@ impl FlameSession {
         let diff = Picture {
             title: format!(
                 "On-CPU, tail ({} requests > p99) vs median band ({} requests, p45..p55 = {lo_us:.1}..{hi_us:.1} µs)",
-                summary.tail_requests, summary.median_requests
+                summary.tail.requests, summary.median_band.requests
             ),
             subtitle: "widths: tail samples; red = larger share in the tail than in the median band, blue = smaller \
                        (median scaled to the tail's total)"
@@ -319,21 +308,22 @@ impl FlameSession {
         slowest.sort_by_key(|(o, id, _)| (Reverse(*o), *id));
         let mut closest: Vec<_> = closest.into_iter().collect();
         closest.sort_by_key(|(distance, id, _)| (*distance, *id));
-        summary.slowest_ids = slowest.iter().map(|(_, id, _)| *id).collect();
-        summary.median_ids = closest.iter().map(|(_, id, _)| *id).collect();
-        let selected: Vec<(Group, &SpilledRequest)> = slowest
+        summary.trace.slowest_req_ids = slowest.iter().map(|(_, id, _)| *id).collect();
+        summary.trace.median_req_ids = closest.iter().map(|(_, id, _)| *id).collect();
+        let selected: Vec<(Group, &RequestRecord)> = slowest
             .iter()
             .map(|(_, _, r)| (Group::Slowest, r))
             .chain(closest.iter().map(|(_, _, Keep(r))| (Group::Median, r)))
             .collect();
         let trace = self.out_dir.create_file(files::TRACE)?;
-        summary.trace = trace_json::write_trace(trace, &selected, threads, gateway_pid)
+        let written = trace_json::write_trace(trace, &selected, threads, gateway_pid)
             .context("writing trace.json")?;
+        summary.trace.thread_tracks = written.thread_tracks as u64;
+        summary.trace.complete_events = written.events as u64;
 
-        self.out_dir.write(
-            files::SUMMARY,
-            summary_json(&summary, bands, self.sample_hz).as_bytes(),
-        )?;
+        let mut json = serde_json::to_string_pretty(&summary).expect("pictures.json serializes");
+        json.push('\n');
+        self.out_dir.write(files::SUMMARY, json.as_bytes())?;
         Ok(summary)
     }
 
@@ -400,7 +390,7 @@ impl Pictures {
         bands: &Bands,
         stacks: &dyn StackSource,
         tasks: &HashMap<u32, String>,
-    ) -> Result<FlameSummary> {
+    ) -> Result<model::Pictures> {
         // Threads started after attach (or renamed) are named too, if the target still runs.
         self.threads.extend(trace_json::read_thread_names(self.pid));
         self.session.finish(
@@ -425,8 +415,8 @@ fn write_file(
         .with_context(|| format!("writing {}", dir.path().join(name).display()))
 }
 
-fn phase_counts(counts: &PhaseSamples) -> session::pictures::PhaseCounts {
-    session::pictures::PhaseCounts {
+fn phase_counts(counts: &PhaseSamples) -> model::PhaseCounts {
+    model::PhaseCounts {
         samples: counts.samples,
         phases: (tracer_ebpf::sites::Phase::ALL.into_iter())
             .map(|phase| (phase.name().to_owned(), counts.phase(phase)))
@@ -436,53 +426,8 @@ fn phase_counts(counts: &PhaseSamples) -> session::pictures::PhaseCounts {
     }
 }
 
-fn summary_json(s: &FlameSummary, bands: &Bands, sample_hz: Option<u64>) -> String {
-    use session::pictures::{BandPhases, MedianBand, Pictures, Tail, Trace};
-    let pictures = Pictures {
-        requests: s.requests,
-        tail: Tail {
-            above_overhead_ns: bands.tail_above_ns,
-            requests: s.tail_requests,
-            samples: s.tail_samples,
-            offcpu_ns: s.tail_offcpu_ns,
-        },
-        median_band: MedianBand {
-            overhead_ns: [bands.median_lo_ns, bands.median_hi_ns],
-            requests: s.median_requests,
-            samples: s.median_samples,
-        },
-        all_samples: s.all_samples,
-        wait: s.wait.as_ref().map(WaitSummary::to_model),
-        wait_all: s.wait_all.as_ref().map(WaitSummary::to_model),
-        wait_all_of: Some(s.wait_all.as_ref().map(|_| {
-            if s.wait_all_every {
-                "every request"
-            } else {
-                "a uniform 1-in-16 sample"
-            }
-            .to_owned()
-        })),
-        phase_samples: Some(BandPhases {
-            sample_hz,
-            tail: phase_counts(&s.phases.tail),
-            median: phase_counts(&s.phases.median),
-            all: phase_counts(&s.phases.all),
-        }),
-        trace: Trace {
-            slowest_req_ids: s.slowest_ids.clone(),
-            median_req_ids: s.median_ids.clone(),
-            thread_tracks: s.trace.thread_tracks as u64,
-            complete_events: s.trace.events as u64,
-        },
-        kernel_symbols: s.kernel_names,
-    };
-    let mut text = serde_json::to_string_pretty(&pictures).expect("pictures.json serializes");
-    text.push('\n');
-    text
-}
-
 /// A request ordered by nothing: heaps order by the keys beside it.
-struct Keep(SpilledRequest);
+struct Keep(RequestRecord);
 
 impl PartialEq for Keep {
     fn eq(&self, _: &Self) -> bool {

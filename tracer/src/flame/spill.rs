@@ -4,7 +4,9 @@
 //!
 //! Format: one record per request, `varint(len) ++ body`; all integers are LEB128 varints,
 //! signed ones (stack ids, times that could precede `t_arrive`) zigzag-encoded. The file is
-//! private to one session and removed when the [`Spill`] is dropped.
+//! private to one session and removed when the [`Spill`] is dropped. It keeps everything the
+//! pictures use, which is all of a [`RequestRecord`] but its hit counts: records read back
+//! carry zero hits.
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -14,36 +16,8 @@ use tracer_ebpf::sites::Phase;
 use crate::out_dir::OutDir;
 
 use crate::requests::{
-    Holder, OffCpu, PARTS, Part, RequestRecord, Slice, StackSample, WaitCharge, WriterWork,
+    Hits, Holder, OffCpu, PARTS, Part, RequestRecord, Slice, StackSample, WaitCharge, WriterWork,
 };
-
-/// The parts of a [`RequestRecord`] the pictures use (everything but the hit counts).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SpilledRequest {
-    pub req_id: u64,
-    pub status: u16,
-    pub t_arrive_ns: u64,
-    pub t_done_ns: u64,
-    pub parts: [u64; PARTS],
-    pub slices: Vec<Slice>,
-    pub samples: Vec<StackSample>,
-    pub offcpu: Vec<OffCpu>,
-    pub waits: Option<Vec<WaitCharge>>,
-}
-
-impl SpilledRequest {
-    pub fn overhead_ns(&self) -> u64 {
-        self.total_ns() - self.part_ns(Part::Upstream)
-    }
-
-    pub fn total_ns(&self) -> u64 {
-        self.t_done_ns - self.t_arrive_ns
-    }
-
-    pub fn part_ns(&self, part: Part) -> u64 {
-        self.parts[part.index()]
-    }
-}
 
 /// The spill's name in the output directory.
 pub const SPILL_FILE: &str = ".flame-spill.bin";
@@ -113,7 +87,7 @@ pub struct SpillReader {
 }
 
 impl Iterator for SpillReader {
-    type Item = io::Result<SpilledRequest>;
+    type Item = io::Result<RequestRecord>;
 
     fn next(&mut self) -> Option<Self::Item> {
         let len = match read_len(&mut self.reader) {
@@ -232,7 +206,7 @@ fn holder_from(tag: u64, value: u64) -> Option<Holder> {
     })
 }
 
-fn decode(body: &[u8]) -> Option<SpilledRequest> {
+fn decode(body: &[u8]) -> Option<RequestRecord> {
     let mut c = Cursor { body, at: 0 };
     let req_id = c.u()?;
     let status = u16::try_from(c.u()?).ok()?;
@@ -295,7 +269,7 @@ fn decode(body: &[u8]) -> Option<SpilledRequest> {
                 .collect::<Option<Vec<_>>>()?,
         ),
     };
-    (c.at == body.len()).then_some(SpilledRequest {
+    (c.at == body.len()).then_some(RequestRecord {
         req_id,
         status,
         t_arrive_ns,
@@ -305,6 +279,7 @@ fn decode(body: &[u8]) -> Option<SpilledRequest> {
         samples,
         offcpu,
         waits,
+        hits: Hits::default(),
     })
 }
 
@@ -367,7 +342,6 @@ impl Cursor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::requests::Hits;
 
     fn record(req_id: u64) -> RequestRecord {
         let mut parts = [0u64; PARTS];
@@ -449,15 +423,9 @@ mod tests {
             .collect::<io::Result<_>>()
             .unwrap();
         assert_eq!(back.len(), 3);
+        // The records have no hits, the one thing the spill does not keep.
         for (got, id) in back.iter().zip([u64::MAX, 7, 0]) {
-            let want = record(id);
-            assert_eq!(got.req_id, id);
-            assert_eq!(got.parts, want.parts);
-            assert_eq!(got.slices, want.slices);
-            assert_eq!(got.samples, want.samples);
-            assert_eq!(got.offcpu, want.offcpu);
-            assert_eq!(got.waits, want.waits);
-            assert_eq!(got.overhead_ns(), want.overhead_ns());
+            assert_eq!(got, &record(id));
         }
         let path = dir.path().join(SPILL_FILE);
         assert!(path.exists());

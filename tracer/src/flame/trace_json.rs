@@ -19,8 +19,7 @@ use std::io;
 
 use serde_json::{Value, json};
 
-use super::spill::SpilledRequest;
-use crate::requests::Part;
+use crate::requests::{Part, RequestRecord};
 
 /// Thread id → name.
 pub type ThreadNames = BTreeMap<u32, String>;
@@ -73,7 +72,7 @@ pub struct TraceSummary {
 
 /// Builds the trace of `requests` (in the order given: their overview tracks follow it).
 pub fn trace(
-    requests: &[(Group, &SpilledRequest)],
+    requests: &[(Group, &RequestRecord)],
     threads: &ThreadNames,
     gateway_pid: u32,
 ) -> (Value, TraceSummary) {
@@ -207,7 +206,7 @@ pub fn trace(
 
 pub fn write_trace(
     mut out: impl io::Write,
-    requests: &[(Group, &SpilledRequest)],
+    requests: &[(Group, &RequestRecord)],
     threads: &ThreadNames,
     gateway_pid: u32,
 ) -> io::Result<TraceSummary> {
@@ -231,7 +230,7 @@ type RequestRef = (Group, u64);
 type Lanes = Vec<Vec<ThreadSlice>>;
 
 /// Per thread, lanes of slices that do not overlap; identical slices merged.
-fn thread_slices(requests: &[(Group, &SpilledRequest)]) -> BTreeMap<u32, Lanes> {
+fn thread_slices(requests: &[(Group, &RequestRecord)]) -> BTreeMap<u32, Lanes> {
     // (tid, start, end, part) → the requests that share that exact slice.
     let mut merged: BTreeMap<(u32, u64, u64, Part), Vec<RequestRef>> = BTreeMap::new();
     for (group, req) in requests {
@@ -325,15 +324,15 @@ fn micros(ns: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::requests::{PARTS, Slice};
+    use crate::requests::{Hits, PARTS, Slice};
     use tracer_ebpf::sites::Phase;
 
-    fn req(req_id: u64, t0: u64, slices: &[(u64, u64, Part, u32)]) -> SpilledRequest {
+    fn req(req_id: u64, t0: u64, slices: &[(u64, u64, Part, u32)]) -> RequestRecord {
         let mut parts = [0u64; PARTS];
         for (a, b, part, _) in slices {
             parts[part.index()] += b - a;
         }
-        SpilledRequest {
+        RequestRecord {
             req_id,
             status: 200,
             t_arrive_ns: t0,
@@ -351,6 +350,7 @@ mod tests {
             samples: vec![],
             offcpu: vec![],
             waits: None,
+            hits: Hits::default(),
         }
     }
 

@@ -18,11 +18,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::requests::{Holder, Part, WriterWork};
+use crate::requests::{Holder, Part, RequestRecord, WriterWork};
 use crate::symbolize::{StackSource, Symbolizer};
 
+use session::pictures as model;
+
 use super::fold::Folded;
-use super::spill::SpilledRequest;
 use super::trace_json::ThreadNames;
 
 /// Frames of a holder, `;`-separated.
@@ -69,26 +70,9 @@ pub struct WaitCounts {
     uncharged: u64,
 }
 
-/// What the wait tables say, also written to pictures.json (`wait`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct WaitSummary {
-    /// Requests whose waits are charged here.
-    pub requests: u64,
-    /// Requests of the set whose waits the tracer did not charge, left out of every figure.
-    pub uncharged_requests: u64,
-    pub scheduling_ns: u64,
-    pub charged_ns: u64,
-    pub unknown_ns: u64,
-    /// Holder (frames joined with " · ") → ns, largest first.
-    pub holders: Vec<(String, u64)>,
-    pub receipt_ns: u64,
-    /// (waiter part, holder) → ns, largest first.
-    pub receipt: Vec<(String, String, u64)>,
-}
-
 impl WaitCounts {
     /// Adds a request's charges; one with none charged is only counted.
-    pub fn add(&mut self, req: &SpilledRequest) {
+    pub fn add(&mut self, req: &RequestRecord) {
         let Some(waits) = &req.waits else {
             self.uncharged += 1;
             return;
@@ -132,16 +116,17 @@ impl WaitCounts {
         folded
     }
 
-    pub fn summary(&self, threads: &ThreadNames, tasks: &HashMap<u32, String>) -> WaitSummary {
+    /// The tables as pictures.json writes them (`wait`, `wait_all`).
+    pub fn summary(&self, threads: &ThreadNames, tasks: &HashMap<u32, String>) -> model::Wait {
         let label = |h: Holder| holder_frames(h, threads, tasks).replace(';', " · ");
         let mut holders: BTreeMap<String, u64> = BTreeMap::new();
         let mut receipt: BTreeMap<(String, String), u64> = BTreeMap::new();
-        let mut summary = WaitSummary {
-            requests: self.requests,
-            uncharged_requests: self.uncharged,
+        let mut summary = model::Wait {
+            requests: Some(self.requests),
+            uncharged_requests: Some(self.uncharged),
             scheduling_ns: self.scheduling_ns,
             receipt_ns: self.receipt_ns,
-            ..WaitSummary::default()
+            ..model::Wait::default()
         };
         for (&(part, holder, _, _), &ns) in &self.counts {
             if part == Part::Scheduling {
@@ -156,50 +141,26 @@ impl WaitCounts {
                     .or_default() += ns;
             }
         }
-        summary.holders = holders.into_iter().collect();
+        summary.holders = (holders.into_iter())
+            .map(|(holder, ns)| model::Holder { holder, ns })
+            .collect();
         summary
             .holders
-            .sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        summary.receipt = receipt.into_iter().map(|((p, h), ns)| (p, h, ns)).collect();
+            .sort_by(|a, b| b.ns.cmp(&a.ns).then(a.holder.cmp(&b.holder)));
+        summary.receipt = (receipt.into_iter())
+            .map(|((part, holder), ns)| model::ReceiptHolder { holder, ns, part })
+            .collect();
+        summary.receipt.sort_by(|a, b| {
+            (b.ns.cmp(&a.ns)).then((&a.part, &a.holder).cmp(&(&b.part, &b.holder)))
+        });
         summary
-            .receipt
-            .sort_by(|a, b| b.2.cmp(&a.2).then((&a.0, &a.1).cmp(&(&b.0, &b.1))));
-        summary
-    }
-}
-
-impl WaitSummary {
-    /// pictures.json's `wait` (or `wait_all`).
-    pub fn to_model(&self) -> session::pictures::Wait {
-        use session::pictures::{Holder, ReceiptHolder};
-        session::pictures::Wait {
-            requests: Some(self.requests),
-            uncharged_requests: Some(self.uncharged_requests),
-            scheduling_ns: self.scheduling_ns,
-            charged_ns: self.charged_ns,
-            unknown_ns: self.unknown_ns,
-            holders: (self.holders.iter())
-                .map(|(holder, ns)| Holder {
-                    holder: holder.clone(),
-                    ns: *ns,
-                })
-                .collect(),
-            receipt_ns: self.receipt_ns,
-            receipt: (self.receipt.iter())
-                .map(|(part, holder, ns)| ReceiptHolder {
-                    part: part.clone(),
-                    holder: holder.clone(),
-                    ns: *ns,
-                })
-                .collect(),
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::requests::{PARTS, WaitCharge};
+    use crate::requests::{Hits, PARTS, WaitCharge};
     use crate::symbolize::ProcessMaps;
 
     fn charge(part: Part, holder: Holder, ns: u64, user_stack: i64) -> WaitCharge {
@@ -217,7 +178,7 @@ mod tests {
         let mut parts = [0u64; PARTS];
         parts[Part::Scheduling.index()] = 100;
         parts[Part::LedgerOther.index()] = 7;
-        let req = SpilledRequest {
+        let req = RequestRecord {
             req_id: 1,
             status: 200,
             t_arrive_ns: 0,
@@ -232,6 +193,7 @@ mod tests {
                 charge(Part::Scheduling, Holder::Idle, 10, -1),
                 charge(Part::LedgerOther, Holder::Writer(WriterWork::Other), 7, -1),
             ]),
+            hits: Hits::default(),
         };
         let mut counts = WaitCounts::default();
         counts.add(&req);
@@ -255,7 +217,10 @@ mod tests {
         assert_eq!((summary.scheduling_ns, summary.charged_ns), (100, 100));
         assert_eq!(
             summary.holders[0],
-            ("other process · hog (pid 42)".to_owned(), 60)
+            model::Holder {
+                holder: "other process · hog (pid 42)".to_owned(),
+                ns: 60
+            }
         );
         assert_eq!(summary.receipt_ns, 7);
         assert_eq!(summary.receipt.len(), 1);

@@ -207,6 +207,17 @@ impl Stream {
     }
 }
 
+/// Request `req`'s record among `outcomes`; panics, listing them, when it is not complete.
+pub fn complete(outcomes: &[Outcome], req: u64) -> &super::RequestRecord {
+    outcomes
+        .iter()
+        .find_map(|o| match o {
+            Outcome::Complete(r) if r.req_id == req => Some(r),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("request {req} not complete: {outcomes:?}"))
+}
+
 /// Panics unless `record`'s slices cover `[t_arrive, t_done)` without gaps or overlaps, in
 /// order, and its parts are exactly the per-part sums of its slices and add up to the total.
 pub fn assert_consistent(record: &super::RequestRecord) {
