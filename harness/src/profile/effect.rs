@@ -31,6 +31,17 @@ struct Warning {
     over: Vec<(&'static str, Option<f64>)>,
 }
 
+impl Warning {
+    /// A ratio over the budget, to 2 decimals, or to as many more (up to 4) as it takes not
+    /// to read as the budget itself (×1.1003 against ×1.10).
+    fn over_figure(&self, x: &f64) -> String {
+        (2..=4)
+            .map(|digits| (format!("{x:.digits$}"), format!("{:.digits$}", self.budget)))
+            .find(|(figure, budget)| figure != budget)
+            .map_or_else(|| format!("{x:.4}"), |(figure, _)| figure)
+    }
+}
+
 /// The one-paragraph **Probe effect** line at the top of the README.
 #[derive(askama::Template)]
 #[template(path = "profile/effect_line.md", escape = "none")]
@@ -88,6 +99,17 @@ pub fn table(effect: &ProbeEffect) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn an_over_budget_ratio_never_reads_as_the_budget() {
+        let w = Warning {
+            budget: 1.10,
+            over: vec![],
+        };
+        assert_eq!(w.over_figure(&1.12), "1.12");
+        assert_eq!(w.over_figure(&1.103), "1.103");
+        assert_eq!(w.over_figure(&1.100314), "1.1003");
+    }
     use serde_json::json;
 
     /// probe-effect.json for windows U T T U …, each traced window `ratio` × its untraced
