@@ -143,6 +143,32 @@ fn item5_a_closed_stderr_does_not_stop_the_session() {
     setup.assert_outputs(&seen);
 }
 
+/// `sh -c RUN` with the tracer's path as `$1`, in a mount namespace of its own where tracefs is
+/// not mounted (the host's mounts are not touched). Exit 99: tracefs was still mounted after
+/// RUN; otherwise RUN's exit status.
+fn without_tracefs(run: &str) -> Command {
+    let script = format!(
+        "if grep -q ' /sys/kernel/tracing tracefs ' /proc/self/mounts; then \
+           umount /sys/kernel/tracing || exit 98; fi
+{run}; rc=$?
+grep -q ' /sys/kernel/tracing tracefs ' /proc/self/mounts && exit 99
+exit $rc"
+    );
+    let mut command = Command::new("unshare");
+    command
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+            "sh",
+        ])
+        .arg(env!("CARGO_BIN_EXE_tracer"));
+    command
+}
+
 /// In a mount namespace of its own where tracefs is not mounted, the tracer mounts it, and
 /// unmounts it when done.
 #[test]
@@ -151,22 +177,7 @@ fn item5_tracefs_the_tracer_mounted_is_unmounted() {
         return;
     }
     let setup = Setup::new();
-    // Exit 99: tracefs still mounted after the tracer. The host's mounts are not touched.
-    let script = r#"umount /sys/kernel/tracing || exit 98
-"$@"; rc=$?
-grep -q ' /sys/kernel/tracing tracefs ' /proc/self/mounts && exit 99
-exit $rc"#;
-    let output = Command::new("unshare")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            "sh",
-        ])
-        .arg(env!("CARGO_BIN_EXE_tracer"))
+    let output = without_tracefs(r#""$@""#)
         .args(setup.args(&["--duration", "1"]))
         .output()
         .expect("running unshare");
@@ -186,22 +197,8 @@ fn item5_a_second_sigint_still_unmounts_tracefs_the_tracer_mounted() {
     }
     let setup = Setup::new();
     // The inner sh names the tracer's pid, then becomes the tracer, in the foreground (a
-    // background job would ignore SIGINT). Exit 99: tracefs still mounted after the tracer.
-    let script = r#"umount /sys/kernel/tracing || exit 98
-sh -c 'echo "tracer pid $$" >&2; exec "$@"' sh "$@"; rc=$?
-grep -q ' /sys/kernel/tracing tracefs ' /proc/self/mounts && exit 99
-exit $rc"#;
-    let mut child = Command::new("unshare")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            "sh",
-        ])
-        .arg(env!("CARGO_BIN_EXE_tracer"))
+    // background job would ignore SIGINT).
+    let mut child = without_tracefs(r#"sh -c 'echo "tracer pid $$" >&2; exec "$@"' sh "$@""#)
         .args(setup.args(&[]))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
