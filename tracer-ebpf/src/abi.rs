@@ -50,7 +50,38 @@ pub mod kind {
     /// sent the first time that pid is seen (an LRU set in the kernel). tid = that task's pid
     /// (sched_switch's next_pid); args = [comm bytes 0..8, comm bytes 8..16] (NUL-padded).
     pub const TASK_NAME: u16 = 10;
+    /// Kernel-only mode: a data syscall (read, recvfrom, write, writev, sendto) of a target
+    /// process moved bytes. Written as a [`super::DataEvent`], whose `event` has sub =
+    /// `syscall::*` and args = [enter ts, fd, return value] like `SYSCALL`.
+    pub const DATA: u16 = 11;
+    /// Kernel-only mode: a target process forked a new process (tid = the child's pid,
+    /// args = [parent's tgid]; sub 0), which is now a target too, or a target process exited
+    /// (tid = its pid; sub 1).
+    pub const PROCESS: u16 = 12;
 }
+
+/// Bytes a [`DataEvent`] carries: the start of what the syscall moved. Enough for the
+/// request line and headers of ordinary HTTP/1.1 requests; a header block that runs past it
+/// cannot be parsed, and its connection is reported, never guessed.
+pub const DATA_BYTES: usize = 512;
+
+/// A [`kind::DATA`] record: the syscall's event, then the first bytes it moved.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataEvent {
+    pub event: Event,
+    /// The process whose fd this is (fds are per process; nginx's workers each have their own).
+    pub tgid: u32,
+    /// How many of `bytes` hold data: at most `min(return value, DATA_BYTES)`; writev's come
+    /// from its first iovecs in order.
+    pub captured: u32,
+    pub bytes: [u8; DATA_BYTES],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C): a 40-byte Event, two u32s, a byte array (560 bytes, a multiple of 8), no
+// padding.
+unsafe impl aya::Pod for DataEvent {}
 
 /// SWITCH_OUT's third argument: the task that took the CPU (`next_pid`; 0 = idle) and the CPU.
 pub mod switch {
@@ -209,6 +240,9 @@ impl Config {
     /// Every program returns at once, as if no target were set: the hooks stay attached, so a
     /// session measures what the traps and the dispatch cost on their own, and records nothing.
     pub const EMPTY_PROGRAMS: u32 = 2;
+    /// Kernel-only mode: the target is the processes in TGIDS (`tgid` is the first of them),
+    /// followed across fork; data syscalls write [`DataEvent`]s.
+    pub const KERNEL_ONLY: u32 = 4;
 }
 
 #[cfg(feature = "user")]
@@ -224,6 +258,7 @@ mod tests {
     fn event_has_no_padding() {
         assert_eq!(core::mem::size_of::<Event>(), 40);
         assert_eq!(core::mem::align_of::<Event>(), 8);
+        assert_eq!(core::mem::size_of::<DataEvent>(), 40 + 8 + DATA_BYTES);
     }
 
     #[test]

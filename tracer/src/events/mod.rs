@@ -2,6 +2,7 @@
 //! [`Event`]s, reorder them by timestamp, and interleave loss spans from the kernel's LOSS
 //! counters, so that the consumer sees every loss before any event newer than its start.
 
+pub mod data;
 pub mod decode;
 pub mod drops;
 pub mod loss;

@@ -1,0 +1,66 @@
+//! Kernel-only sessions: a data syscall and the bytes it moved, as the rebuild reads it.
+
+use tracer_ebpf::abi::{DataEvent, syscall};
+
+/// Which way the bytes went, seen from the traced process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// read, readv, recvfrom: bytes arrived from the peer.
+    Receive,
+    /// write, writev, sendto: bytes left for the peer.
+    Send,
+}
+
+/// One data syscall that moved bytes (its return value was positive).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Data {
+    pub enter_ns: u64,
+    pub exit_ns: u64,
+    /// The process owning `fd`.
+    pub tgid: u32,
+    pub tid: u32,
+    pub fd: u32,
+    /// `tracer_ebpf::abi::syscall::*`.
+    pub syscall: u16,
+    /// Bytes moved (the return value).
+    pub len: u64,
+    /// The first bytes moved, at most `len` and `DATA_BYTES`.
+    pub bytes: Vec<u8>,
+}
+
+impl Data {
+    /// `None` for a record whose syscall moved nothing or is not a data syscall.
+    pub fn from_event(record: &DataEvent) -> Option<Data> {
+        let ret = record.event.args[2] as i64;
+        let id = record.event.sub;
+        if ret <= 0 || !(syscall::is_receive(id) || syscall::is_send(id)) {
+            return None;
+        }
+        let captured = (record.captured as usize)
+            .min(record.bytes.len())
+            .min(ret as usize);
+        Some(Data {
+            enter_ns: record.event.args[0],
+            exit_ns: record.event.ts_ns,
+            tgid: record.tgid,
+            tid: record.event.tid,
+            fd: record.event.args[1] as u32,
+            syscall: id,
+            len: ret as u64,
+            bytes: record.bytes[..captured].to_vec(),
+        })
+    }
+
+    pub fn direction(&self) -> Direction {
+        if syscall::is_receive(self.syscall) {
+            Direction::Receive
+        } else {
+            Direction::Send
+        }
+    }
+
+    /// Whether `bytes` holds everything the syscall moved.
+    pub fn whole(&self) -> bool {
+        self.bytes.len() as u64 == self.len
+    }
+}
