@@ -10,7 +10,7 @@ pub const REQUESTS_CSV: &str = "requests.csv";
 pub const INCOMPLETE_CSV: &str = "incomplete.csv";
 
 /// The parts of a request's time, in column order (the tracer's `Part::ALL`).
-pub const PARTS: [&str; 17] = [
+pub const PARTS: [&str; 19] = [
     "upstream",
     "scheduling",
     "ledger_fsync",
@@ -26,6 +26,8 @@ pub const PARTS: [&str; 17] = [
     "cpu.upstream",
     "cpu.receipt",
     "cpu.respond",
+    "queued",
+    "blocked.fsync",
     "blocked_other",
     "unattributed",
 ];
@@ -65,6 +67,11 @@ pub struct RequestRow {
     pub cpu_receipt_ns: u64,
     #[serde(rename = "cpu.respond_ns")]
     pub cpu_respond_ns: u64,
+    /// Kernel-only parts (sessions from 2026-12-03 on; 0 in the exact mode).
+    #[serde(default)]
+    pub queued_ns: Option<u64>,
+    #[serde(default, rename = "blocked.fsync_ns")]
+    pub blocked_fsync_ns: Option<u64>,
     pub blocked_other_ns: u64,
     pub unattributed_ns: u64,
 }
@@ -104,6 +111,8 @@ impl RequestRow {
             cpu_upstream_ns,
             cpu_receipt_ns,
             cpu_respond_ns,
+            queued_ns,
+            blocked_fsync_ns,
             blocked_other_ns,
             unattributed_ns,
         ] = parts;
@@ -129,6 +138,8 @@ impl RequestRow {
             cpu_upstream_ns,
             cpu_receipt_ns,
             cpu_respond_ns,
+            queued_ns: Some(queued_ns),
+            blocked_fsync_ns: Some(blocked_fsync_ns),
             blocked_other_ns,
             unattributed_ns,
         }
@@ -152,6 +163,8 @@ impl RequestRow {
             self.cpu_upstream_ns,
             self.cpu_receipt_ns,
             self.cpu_respond_ns,
+            self.queued_ns.unwrap_or(0),
+            self.blocked_fsync_ns.unwrap_or(0),
             self.blocked_other_ns,
             self.unattributed_ns,
         ]
@@ -234,7 +247,7 @@ mod tests {
         w.serialize(row()).unwrap();
         let bytes = w.into_inner().unwrap();
         let text = String::from_utf8(bytes.clone()).unwrap();
-        assert!(text.ends_with("7,200,1000,6000,5000,4000,0,10,20,30,40,50,60,70,80,90,100,110,120,130,140,150,160\n"), "{text}");
+        assert!(text.ends_with("7,200,1000,6000,5000,4000,0,10,20,30,40,50,60,70,80,90,100,110,120,130,140,150,160,170,180\n"), "{text}");
         let back: Vec<RequestRow> = rows(bytes.as_slice()).collect::<Result<_, _>>().unwrap();
         assert_eq!(back, [row()]);
         assert_eq!(back[0].parts()[5], 50);
@@ -245,7 +258,7 @@ mod tests {
         let text = RequestRow::header()
             .join(",")
             .replace("ledger_fsync_ns", "fsync_ns")
-            + "\n7,200,1000,6000,5000,4000,0,10,20,30,40,50,60,70,80,90,100,110,120,130,140,150,160\n";
+            + "\n7,200,1000,6000,5000,4000,0,10,20,30,40,50,60,70,80,90,100,110,120,130,140,150,160,170,180\n";
         let err = rows::<RequestRow, _>(text.as_bytes())
             .next()
             .unwrap()
@@ -254,16 +267,20 @@ mod tests {
     }
 
     #[test]
-    fn a_session_before_the_cpu_column_reads_as_cpu_zero() {
+    fn a_session_before_the_cpu_and_kernel_only_columns_reads_them_as_zero() {
         let header: Vec<String> = RequestRow::header()
             .into_iter()
-            .filter(|c| c != "cpu_ns")
+            .filter(|c| !["cpu_ns", "queued_ns", "blocked.fsync_ns"].contains(&c.as_str()))
             .collect();
         let text = header.join(",")
             + "\n7,200,1000,6000,5000,4000,0,10,20,30,40,60,70,80,90,100,110,120,130,140,150,160\n";
         let back: RequestRow = rows(text.as_bytes()).next().unwrap().unwrap();
-        assert_eq!(back.cpu_ns, None);
+        assert_eq!(
+            (back.cpu_ns, back.queued_ns, back.blocked_fsync_ns),
+            (None, None, None)
+        );
         assert_eq!(back.parts()[5], 0);
         assert_eq!(back.parts()[6], 60);
+        assert_eq!(back.parts()[15..], [0, 0, 150, 160]);
     }
 }

@@ -61,7 +61,7 @@ mod tests {
         let text = RequestRow::header()
             .join(",")
             .replace("t_done_ns", "t_end_ns")
-            + "\n1,200,0,5,5,5,0,0,0,0,0,5,0,0,0,0,0,0,0,0,0,0,0\n";
+            + "\n1,200,0,5,5,5,0,0,0,0,0,5,0,0,0,0,0,0,0,0,0,0,0,0,0\n";
         let err = for_each_row(text.as_bytes(), |_| {}).unwrap_err();
         assert!(format!("{err:#}").contains("t_end_ns"), "{err:#}");
     }

@@ -20,6 +20,12 @@ pub enum Part {
     Cpu(Phase),
     /// On-CPU time of the request's own work, phases not traced (the lean default).
     OnCpu,
+    /// Kernel-only mode: the thread serving the request was on CPU for other requests (an
+    /// event loop's head-of-line wait).
+    Queued,
+    /// Kernel-only mode: no thread was working on the request, and a thread of the process was
+    /// in fsync or fdatasync (a gateway whose answer waits for a durable write).
+    BlockedFsync,
     /// Off-CPU (blocked) for a reason none of the above explains.
     BlockedOther,
     /// An interval with no event to explain it. Reported, never folded into another part.
@@ -27,7 +33,7 @@ pub enum Part {
 }
 
 /// Number of parts; `Part::index` is dense in `0..PARTS`.
-pub const PARTS: usize = 8 + Phase::ALL.len();
+pub const PARTS: usize = 10 + Phase::ALL.len();
 
 impl Part {
     pub const ALL: [Part; PARTS] = [
@@ -46,6 +52,8 @@ impl Part {
         Part::Cpu(Phase::Upstream),
         Part::Cpu(Phase::ReceiptWait),
         Part::Cpu(Phase::Respond),
+        Part::Queued,
+        Part::BlockedFsync,
         Part::BlockedOther,
         Part::Unattributed,
     ];
@@ -75,6 +83,8 @@ impl Part {
             Part::Cpu(Phase::Upstream) => "cpu.upstream",
             Part::Cpu(Phase::ReceiptWait) => "cpu.receipt",
             Part::Cpu(Phase::Respond) => "cpu.respond",
+            Part::Queued => "queued",
+            Part::BlockedFsync => "blocked.fsync",
             Part::BlockedOther => "blocked_other",
             Part::Unattributed => "unattributed",
         }
