@@ -7,6 +7,7 @@
 
 mod cover;
 mod cpus;
+mod exchange_parts;
 pub mod kernel;
 mod ledger;
 pub mod outcome;
