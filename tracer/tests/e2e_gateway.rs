@@ -6,32 +6,26 @@
 //! nothing of ours left in the kernel. The same run on a `strip`ped copy of the gateway checks
 //! that the tracer finds the probe sites by their USDT notes.
 //!
-//! The gateway, mock-upstream and loadgen binaries belong to other packages, so cargo does not
-//! build them for this test: it runs `cargo build --release -p gateway -p loadgen` itself (the
-//! cargo that runs the test, in the workspace, so `CARGO_TARGET_DIR` and `.cargo/config.toml`
-//! apply as for any build) and takes the executables' paths from cargo's JSON messages. On a
-//! clean clone the first run therefore includes a release build of those two packages.
-//! With `TRACER_E2E_BIN_DIR` set it takes them from that directory instead (`cargo xtask
-//! vmtest` builds them on the host and runs this test in a guest, which has no toolchain).
+//! The binaries of the other packages come from `e2e_common::build_binaries`.
 //!
 //! `TRACER_ATTACH` (auto, tracepoint, kprobe, fentry) is passed as the tracer's `--attach`; a
 //! forced mode must then be the one breakdown.json says syscalls and sockets used.
 //! `TRACER_E2E_RATE` sets the request rate (default 300/s).
 
 mod attach_common;
+mod e2e_common;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    fs::File,
-    io::Read as _,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     sync::Mutex,
     time::{Duration, Instant},
 };
 
 use attach_common::{leftover_uprobes, program_ids, require_root, still_loaded};
-use testproc::{Proc, Signal, Spawn, Stream};
+use e2e_common::{Row, build_binaries, num, read_csv, start, wait_listening};
+use testproc::{Signal, Spawn, Stream};
 
 /// The load: well below the gateway's max, so nothing queues and nothing may be lost.
 /// `TRACER_E2E_RATE` overrides it where the gateway is slower (an emulated guest).
@@ -43,98 +37,6 @@ const LOAD_CPU: &str = "1";
 const HOG: &str = "wait-for-hog";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const FINISH_TIMEOUT: Duration = Duration::from_secs(180);
-
-struct Binaries {
-    gateway: PathBuf,
-    mock_upstream: PathBuf,
-    loadgen: PathBuf,
-}
-
-fn build_binaries() -> Binaries {
-    if let Some(dir) = std::env::var_os("TRACER_E2E_BIN_DIR") {
-        let dir = PathBuf::from(dir);
-        return Binaries {
-            gateway: dir.join("gateway"),
-            mock_upstream: dir.join("mock-upstream"),
-            loadgen: dir.join("loadgen"),
-        };
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let output = Command::new(env!("CARGO"))
-        .current_dir(workspace)
-        .args(["build", "--release", "-p", "gateway", "-p", "loadgen"])
-        .args(["--message-format", "json-render-diagnostics"])
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("running cargo build");
-    assert!(
-        output.status.success(),
-        "cargo build failed: {}",
-        output.status
-    );
-    let executables: Vec<PathBuf> = output
-        .stdout
-        .split(|&b| b == b'\n')
-        .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
-        .filter_map(|message| message["executable"].as_str().map(PathBuf::from))
-        .collect();
-    let find = |name: &str| {
-        executables
-            .iter()
-            .find(|path| path.file_name().is_some_and(|file| file == name))
-            .unwrap_or_else(|| panic!("cargo build produced no `{name}`"))
-            .clone()
-    };
-    Binaries {
-        gateway: find("gateway"),
-        mock_upstream: find("mock-upstream"),
-        loadgen: find("loadgen"),
-    }
-}
-
-/// Starts `spawn` (a [`Proc`]: stopped and reaped on drop, so a failing assertion leaves
-/// nothing running), panicking with why it could not.
-fn start(spawn: Spawn) -> Proc {
-    spawn.start().unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-/// Waits for a server's `listening on ADDR` line; its address.
-fn wait_listening(proc: &mut Proc) -> String {
-    proc.wait_for_prefix("listening on ", Duration::from_secs(20))
-        .unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-/// A CSV row: column name → text.
-type Row = BTreeMap<String, String>;
-
-/// A CSV with a header, as rows.
-fn read_csv(path: &Path) -> Vec<Row> {
-    let mut text = String::new();
-    File::open(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .read_to_string(&mut text)
-        .unwrap();
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
-    lines
-        .map(|line| {
-            let fields: Vec<&str> = line.split(',').collect();
-            assert_eq!(fields.len(), header.len(), "{}: {line}", path.display());
-            header
-                .iter()
-                .zip(fields)
-                .map(|(h, f)| ((*h).to_owned(), f.to_owned()))
-                .collect()
-        })
-        .collect()
-}
-
-fn num(row: &BTreeMap<String, String>, column: &str) -> u64 {
-    row.get(column)
-        .unwrap_or_else(|| panic!("no column {column}"))
-        .parse()
-        .unwrap_or_else(|_| panic!("{column} is not a number: {row:?}"))
-}
 
 /// [`traced_run`] for `test`, in its turn; None, having said why, when not root.
 fn traced_run_as_root(test: &str, hog: bool, binary: Binary) -> Option<TracedRun> {
