@@ -7,6 +7,7 @@
 
 mod cover;
 mod cpus;
+pub mod http;
 pub mod kernel;
 mod ledger;
 pub mod outcome;
