@@ -236,10 +236,11 @@ pub struct Counts {
 /// in a `u64` (ASCII digits only, no sign), else its 64-bit FNV-1a hash (offset basis
 /// 0xcbf29ce484222325, prime 0x100000001b3, over the id's bytes).
 pub fn id_key(id: &str) -> u64 {
-    if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) {
-        if let Ok(n) = id.parse::<u64>() {
-            return n;
-        }
+    if !id.is_empty()
+        && id.bytes().all(|b| b.is_ascii_digit())
+        && let Ok(n) = id.parse::<u64>()
+    {
+        return n;
     }
     id.bytes().fold(0xcbf2_9ce4_8422_2325, |h: u64, b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
@@ -392,11 +393,11 @@ impl Joiner {
 
     /// The connection's fd is another connection now: its client exchange cannot finish.
     fn reset(&mut self, conn: &mut Conn) {
-        if conn.kind == Kind::Client {
-            if let Some(s) = self.live(conn.current) {
-                let close = self.open[&s].until_close;
-                self.end(s, if close { None } else { Some(Reason::Reset) });
-            }
+        if conn.kind == Kind::Client
+            && let Some(s) = self.live(conn.current)
+        {
+            let close = self.open[&s].until_close;
+            self.end(s, if close { None } else { Some(Reason::Reset) });
         }
         *conn = Conn {
             last_ns: conn.last_ns,
@@ -484,10 +485,10 @@ impl Joiner {
                     }
                     conn.parsed = true;
                     let parsed = self.head(conn, d, dir, head, &calls);
-                    if let Some(s) = self.ended_at_head.take() {
-                        if matches!(answer, Assignment::None | Assignment::Deferred) {
-                            answer = Assignment::To { serial: s, role };
-                        }
+                    if let Some(s) = self.ended_at_head.take()
+                        && matches!(answer, Assignment::None | Assignment::Deferred)
+                    {
+                        answer = Assignment::To { serial: s, role };
                     }
                     match parsed {
                         Ok((owner, framing)) => {
@@ -507,10 +508,10 @@ impl Joiner {
                                 }
                                 Framing::Close => {
                                     conn.framer(dir).state = Frame::Close;
-                                    if let Some(o) = owner.and_then(|s| self.open.get_mut(&s)) {
-                                        if role == Role::ClientResponse {
-                                            o.until_close = true;
-                                        }
+                                    if let Some(o) = owner.and_then(|s| self.open.get_mut(&s))
+                                        && role == Role::ClientResponse
+                                    {
+                                        o.until_close = true;
                                     }
                                 }
                                 Framing::Interim => {}
@@ -658,10 +659,10 @@ impl Joiner {
                 let owner = self.live(conn.current);
                 conn.recv_owner = owner;
                 let framing = body.response_framing(status, conn.head_request, conn.connect)?;
-                if framing != Framing::Interim {
-                    if let Some(o) = owner.and_then(|s| self.open.get_mut(&s)) {
-                        o.upstream_status = Some(status);
-                    }
+                if framing != Framing::Interim
+                    && let Some(o) = owner.and_then(|s| self.open.get_mut(&s))
+                {
+                    o.upstream_status = Some(status);
                 }
                 if framing == Framing::Upgrade {
                     // The client response (101 or 2xx) finishes the exchange, not this.
@@ -722,15 +723,14 @@ impl Joiner {
         target: &str,
         id: Option<&str>,
     ) -> Result<u64, JoinFailure> {
-        if let Some(id) = id {
-            if let Some(&s) = self
+        if let Some(id) = id
+            && let Some(&s) = self
                 .by_id
                 .get(&(tgid, id.to_owned()))
                 .and_then(|q| q.front())
-            {
-                self.unpend(s);
-                return Ok(s);
-            }
+        {
+            self.unpend(s);
+            return Ok(s);
         }
         let line = (tgid, method.to_owned(), target.to_owned());
         let candidates: Vec<u64> = self
@@ -781,11 +781,11 @@ impl Joiner {
             (Kind::Client, Direction::Receive) => conn.recv_owner = None,
             (Kind::Client, Direction::Send) => {
                 let owner = conn.send_owner.take();
-                if let Some(s) = self.live(owner) {
-                    if self.open[&s].status.is_some() {
-                        self.end(s, None);
-                        conn.current = None;
-                    }
+                if let Some(s) = self.live(owner)
+                    && self.open[&s].status.is_some()
+                {
+                    self.end(s, None);
+                    conn.current = None;
                 }
             }
             (_, Direction::Send) => conn.send_owner = None,
@@ -2182,6 +2182,9 @@ mod tests {
         assert_ne!(id_key("+5"), 5);
     }
 
+    /// One record of a scripted exchange: fd, tid, received?, bytes.
+    type Step = (u32, u32, bool, Vec<u8>);
+
     /// Invariant: on a mixed, randomised stream (interleaved connections, keep-alive,
     /// split header blocks, ids or not, pipelining, truncated headers, missing responses,
     /// fd reuse, pauses past the timeout), every client request whose header block was parsed
@@ -2198,7 +2201,7 @@ mod tests {
         for round in 0..20 {
             let mut sim = Sim::new();
             // Scripts of records, advanced in random interleaving.
-            let mut scripts: Vec<VecDeque<(u32, u32, bool, Vec<u8>)>> = Vec::new();
+            let mut scripts: Vec<VecDeque<Step>> = Vec::new();
             let mut free_up: Vec<u32> = (100..108).collect();
             let mut busy_client = [false; 8];
             let mut n = 0;
@@ -2225,7 +2228,7 @@ mod tests {
                     let body = vec![b'b'; next(2000) as usize];
                     let target = format!("/t{}", next(3));
                     let r = req("POST", &target, &h, &body);
-                    let mut s: VecDeque<(u32, u32, bool, Vec<u8>)> = VecDeque::new();
+                    let mut s: VecDeque<Step> = VecDeque::new();
                     let cut = 1 + next(r.len() as u64 - 1) as usize;
                     s.push_back((cfd, 1, true, r[..cut].to_vec()));
                     s.push_back((cfd, 1, true, r[cut..].to_vec()));
@@ -2265,9 +2268,9 @@ mod tests {
                     // Free fds of finished scripts (approximate: free when no script uses them).
                     let used: Vec<u32> =
                         scripts.iter().flat_map(|s| s.iter().map(|r| r.0)).collect();
-                    for c in 0..8 {
-                        if busy_client[c] && !used.contains(&(10 + c as u32)) {
-                            busy_client[c] = false;
+                    for (c, busy) in busy_client.iter_mut().enumerate() {
+                        if *busy && !used.contains(&(10 + c as u32)) {
+                            *busy = false;
                         }
                     }
                     for u in 100..108 {
