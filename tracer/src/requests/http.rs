@@ -95,7 +95,8 @@ pub struct Exchange {
     pub serial: u64,
     pub tgid: u32,
     pub client_fd: u32,
-    /// The upstream connection its request was sent on; `None` when the proxy answered by
+    /// The upstream connection its request was sent on (the last one, when the proxy retried
+    /// it on another: `syscalls` then hold both attempts); `None` when the proxy answered by
     /// itself (no upstream request joined it).
     pub upstream_fd: Option<u32>,
     /// The `x-request-id` value (client's, else the upstream request's), OWS trimmed.
@@ -357,6 +358,7 @@ impl Joiner {
             Kind::Client | Kind::Upstream => {
                 if class == Class::Request {
                     let requests_here = (conn.kind == Kind::Client) == (dir == Direction::Receive);
+                    let answered = self.live(conn.current).is_none();
                     let frame = &conn.framer(dir).state;
                     // A request line where this connection has none: the fd is another
                     // connection now (closed and reused, or a header block abandoned).
@@ -367,7 +369,11 @@ impl Joiner {
                         Frame::Head(buf) => find(buf, b"\r\n").is_some(),
                         // A close-delimited response only ends with its connection.
                         Frame::Close => true,
-                        _ => false,
+                        // A request body cut short: its exchange already ended (answered
+                        // early, or failed), and the fd is a new connection.
+                        Frame::Body(_) | Frame::Chunked(_) => {
+                            requests_here && conn.kind == Kind::Client && answered
+                        }
                     };
                     if reused {
                         self.reset(conn);
@@ -440,10 +446,11 @@ impl Joiner {
         };
         let mut answer = Assignment::None;
         let mut pos = 0u64;
+        let bytes = &d.bytes[..d.bytes.len().min(d.len as usize)];
         loop {
             let owner = self.live(conn.owner(dir));
             let before = pos;
-            let ev = conn.framer(dir).step(&d.bytes, d.len, &mut pos);
+            let ev = conn.framer(dir).step(bytes, d.len, &mut pos);
             if pos > before && !matches!(ev, Some(Ev::Head(_))) && !conn.framer(dir).in_head() {
                 // Bytes of the message under way (body, chunk, or the end of it).
                 if let Some(s) = owner {
@@ -715,7 +722,9 @@ impl Joiner {
         s
     }
 
-    /// The pending client request an upstream request belongs to (and no longer pending).
+    /// The client request an upstream request belongs to: a pending one (no longer pending
+    /// then), or, for an id no pending one has, an already joined one with that id still
+    /// waiting for its client response (a retry).
     fn join(
         &mut self,
         tgid: u32,
@@ -730,6 +739,23 @@ impl Joiner {
                 .and_then(|q| q.front())
         {
             self.unpend(s);
+            return Ok(s);
+        }
+        if let Some(id) = id
+            && let Some(s) = self
+                .open
+                .values()
+                .filter(|o| {
+                    o.tgid == tgid
+                        && o.upstream_fd.is_some()
+                        && o.status.is_none()
+                        && o.request_id.as_deref() == Some(id)
+                })
+                .map(|o| o.serial)
+                .min()
+        {
+            // A retry (nginx's proxy_next_upstream): the same request again, on another
+            // upstream connection, before any client response.
             return Ok(s);
         }
         let line = (tgid, method.to_owned(), target.to_owned());
@@ -2112,6 +2138,57 @@ mod tests {
         sim.proxy(9, 10, "whole");
         assert_eq!(sim.exchanges().len(), 4);
         assert_eq!(sim.j.counts().client_requests, 5);
+    }
+
+    #[test]
+    fn retry_on_another_upstream_connection() {
+        let mut sim = Sim::new();
+        let r = req("GET", "/retry", &[("x-request-id", "again")], b"");
+        sim.recv(3, &r);
+        sim.send(6, &r);
+        // The first upstream fails (nothing readable here); nginx retries on fd 7.
+        let a = sim.send(7, &r);
+        let s = resp(200, b"second");
+        sim.recv(7, &s);
+        sim.send(3, &s);
+        let e = sim.exchanges();
+        assert_eq!(e.len(), 1, "{:?}", sim.out);
+        assert_eq!(
+            a,
+            Assignment::To {
+                serial: e[0].serial,
+                role: UpstreamRequest
+            }
+        );
+        assert_eq!(e[0].upstream_fd, Some(7));
+        assert_eq!(
+            e[0].syscalls
+                .iter()
+                .map(|c| (c.role, c.fd))
+                .collect::<Vec<_>>(),
+            [
+                (ClientRequest, 3),
+                (UpstreamRequest, 6),
+                (UpstreamRequest, 7),
+                (UpstreamResponse, 7),
+                (ClientResponse, 3)
+            ]
+        );
+        assert!(sim.incompletes().is_empty());
+    }
+
+    #[test]
+    fn request_body_cut_short_then_fd_reused() {
+        let mut sim = Sim::new();
+        // The proxy answers 413 before the body arrived and closes; fd 3 is accepted again.
+        let big = req("POST", "/upload", &[("x-request-id", "big")], &[b'u'; 5000]);
+        sim.recv(3, &big[..400]);
+        sim.send(3, &resp(413, b""));
+        sim.proxy(3, 6, "next");
+        let e = sim.exchanges();
+        assert_eq!(e.len(), 2, "{:?}", sim.out);
+        assert_eq!((e[0].status, e[0].upstream_fd), (Some(413), None));
+        assert_eq!(e[1].request_id.as_deref(), Some("next"));
     }
 
     #[test]
