@@ -815,7 +815,12 @@ impl Joiner {
                 }
             }
             (_, Direction::Send) => conn.send_owner = None,
-            (_, Direction::Receive) => conn.recv_owner = None,
+            (_, Direction::Receive) => {
+                // One request in flight per upstream connection: none now. What happens on
+                // the connection from here on is not this exchange's.
+                conn.recv_owner = None;
+                conn.current = None;
+            }
         }
     }
 
@@ -928,8 +933,9 @@ struct Conn {
     last_ns: u64,
     recv: Framer,
     send: Framer,
-    /// Client connection: its open exchange. Upstream connection: the exchange of the last
-    /// request sent on it. May be stale (ended); checked against the open set.
+    /// Client connection: its open exchange. Upstream connection: the exchange of the request
+    /// in flight on it (sent, its response not finished). May be stale (ended); checked
+    /// against the open set.
     current: Option<u64>,
     /// Whose message each direction is framing now.
     recv_owner: Option<u64>,
@@ -2189,6 +2195,32 @@ mod tests {
         assert_eq!(e.len(), 2, "{:?}", sim.out);
         assert_eq!((e[0].status, e[0].upstream_fd), (Some(413), None));
         assert_eq!(e[1].request_id.as_deref(), Some("next"));
+    }
+
+    #[test]
+    fn pooled_upstream_failure_spares_the_answered_exchange() {
+        // caddy: thread C read the upstream response, thread B sends the next request on the
+        // pooled connection (a header block past the capture) before thread D answers.
+        let mut sim = Sim::new();
+        let r = req("GET", "/one", &[("x-request-id", "one")], b"");
+        sim.rec(11, 7, READ, &r);
+        sim.rec(12, 9, WRITE, &r);
+        let s = resp(200, b"");
+        sim.rec(13, 9, READ, &s);
+        let big = req(
+            "GET",
+            "/two",
+            &[("cookie", &"c".repeat(5000)), ("x-request-id", "two")],
+            b"",
+        );
+        sim.rec(11, 8, READ, &big[..4096]);
+        sim.rec(12, 9, WRITE, &big[..4096]);
+        assert_eq!(sim.unsupported(Unsupported::TruncatedHead), 2);
+        sim.rec(14, 7, WRITE, &s);
+        let e = sim.exchanges();
+        assert_eq!(e.len(), 1, "{:?}", sim.out);
+        assert_eq!(e[0].request_id.as_deref(), Some("one"));
+        assert!(sim.incompletes().is_empty());
     }
 
     #[test]
