@@ -2224,6 +2224,36 @@ mod tests {
     }
 
     #[test]
+    fn upgrade_ends_the_exchange_and_the_http_framing() {
+        let mut sim = Sim::new();
+        let r = req(
+            "GET",
+            "/ws",
+            &[
+                ("x-request-id", "ws"),
+                ("upgrade", "websocket"),
+                ("connection", "upgrade"),
+            ],
+            b"",
+        );
+        sim.recv(3, &r);
+        sim.send(6, &r);
+        let s = resp_with(101, &[("upgrade", "websocket")], b"");
+        sim.recv(6, &s);
+        sim.send(3, &s);
+        let e = sim.exchanges();
+        assert_eq!(e.len(), 1, "{:?}", sim.out);
+        assert_eq!((e[0].status, e[0].upstream_status), (Some(101), Some(101)));
+        assert_eq!(sim.unsupported(Unsupported::Upgrade), 2);
+        // WebSocket frames both ways belong to nobody.
+        assert_eq!(sim.recv(3, b"\x81\x85abcd12345"), Assignment::None);
+        assert_eq!(sim.send(6, b"\x81\x85abcd12345"), Assignment::None);
+        assert_eq!(sim.recv(6, b"\x81\x02hi"), Assignment::None);
+        assert_eq!(sim.send(3, b"\x81\x02hi"), Assignment::None);
+        assert_eq!(sim.out.len(), 1);
+    }
+
+    #[test]
     fn timeouts_and_session_end() {
         let mut sim = Sim::new();
         let r = req("GET", "/slow", &[("x-request-id", "slow")], b"");
