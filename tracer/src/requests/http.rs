@@ -40,6 +40,20 @@
 //!   [`MAX_HEAD`]) and the open exchanges; connections idle for [`CONN_IDLE_NS`] of event time
 //!   are dropped ([`Counts::idle_dropped`]); exchanges with no syscall for
 //!   [`RESPONSE_TIMEOUT_NS`] end as [`Reason::NoResponse`].
+//!
+//! Limits (by design, reported, never guessed):
+//! - Only the first `DATA_BYTES` (512) bytes of a syscall are seen: a header block that
+//!   does not end inside them (any header block over 512 B read or written in one syscall,
+//!   e.g. nginx's first 1024-byte read of a 1.5 KB block) is [`Unsupported::TruncatedHead`];
+//!   so is a chunk-size line past them (several chunks of > ~500 B in one writev).
+//! - A close-delimited client response ends only when the end of its connection is
+//!   inferred: the fd's next request line, [`RESPONSE_TIMEOUT_NS`] of silence, or
+//!   [`Joiner::finish`].
+//! - A connection cut mid-body and reused in the same role while its exchange is still open
+//!   is not told apart from pipelining (counted as [`Unsupported::Pipelined`]).
+//! - A record that moved bytes of two exchanges (the end of one, the start of the next)
+//!   answers with the first; both list it.
+//! - An exchange keeps every syscall of its messages: a long streamed body keeps many.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
