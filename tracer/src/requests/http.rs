@@ -49,8 +49,11 @@
 //! - A close-delimited client response ends only when the end of its connection is
 //!   inferred: the fd's next request line, [`RESPONSE_TIMEOUT_NS`] of silence, or
 //!   [`Joiner::finish`].
-//! - A connection cut mid-body and reused in the same role while its exchange is still open
-//!   is not told apart from pipelining (counted as [`Unsupported::Pipelined`]).
+//! - A client connection cut mid-request-body and reused as a client connection while its
+//!   exchange is still open is not noticed: the new bytes count as the old body until its
+//!   length runs out. (Reuse is noticed when the exchange already ended, in the other role,
+//!   inside a header block, or after a close-delimited response.) One cut at a message
+//!   boundary and reused before its response is counted as [`Unsupported::Pipelined`].
 //! - A record that moved bytes of two exchanges (the end of one, the start of the next)
 //!   answers with the first; both list it.
 //! - An exchange keeps every syscall of its messages: a long streamed body keeps many.
