@@ -4,10 +4,15 @@
 //! one kind of history: [`sockets`] (sk ↔ fd, data arrival), [`threads`] (run state),
 //! [`ledger`] (the writer's fsync and signing intervals), [`cpus`] (who ran on each CPU),
 //! [`cover`] (slices → parts); [`wait`] reads them back to say what held the CPU while a request waited.
+//!
+//! A kernel-only session (a proxy without probe sites) has [`KernelOnlyRebuilder`] instead:
+//! [`http`] finds the exchanges in the data syscalls' bytes, [`exchange_parts`] splits each on
+//! the same thread states, sockets and cover.
 
 mod cover;
 mod cpus;
 mod exchange_parts;
+pub mod http;
 pub mod kernel;
 mod ledger;
 pub mod outcome;
