@@ -142,32 +142,40 @@ fn waiting(
     }
     let queued_until = ctx.foreign_until(tid, a, b).unwrap_or(a);
     let on_cpu_at_a = matches!(gap, Gap::After { prev } if prev == tid);
-    states(cover, ctx, tid, a, b, on_cpu_at_a, |state, s, e| match state {
-        RunState::OnCpu => {
-            let cut = queued_until.clamp(s, e);
-            vec![(s, cut, Part::Queued), (cut, e, Part::OnCpu)]
-        }
-        RunState::Preempted | RunState::Runnable => vec![(s, e, Part::Scheduling)],
-        RunState::Blocked => match gap {
-            Gap::LeadIn => vec![(s, e, Part::Scheduling)],
-            Gap::After { prev } => {
-                let rest = if prev == tid {
-                    Part::BlockedOther
-                } else {
-                    Part::Unattributed
-                };
-                let mut pieces = Vec::new();
-                let mut at = s;
-                for (fs, fe) in ctx.fsync_spans(s, e) {
-                    pieces.push((at, fs, rest));
-                    pieces.push((fs, fe, Part::BlockedFsync));
-                    at = fe;
-                }
-                pieces.push((at, e, rest));
-                pieces
+    states(
+        cover,
+        ctx,
+        tid,
+        a,
+        b,
+        on_cpu_at_a,
+        |state, s, e| match state {
+            RunState::OnCpu => {
+                let cut = queued_until.clamp(s, e);
+                vec![(s, cut, Part::Queued), (cut, e, Part::OnCpu)]
             }
+            RunState::Preempted | RunState::Runnable => vec![(s, e, Part::Scheduling)],
+            RunState::Blocked => match gap {
+                Gap::LeadIn => vec![(s, e, Part::Scheduling)],
+                Gap::After { prev } => {
+                    let rest = if prev == tid {
+                        Part::BlockedOther
+                    } else {
+                        Part::Unattributed
+                    };
+                    let mut pieces = Vec::new();
+                    let mut at = s;
+                    for (fs, fe) in ctx.fsync_spans(s, e) {
+                        pieces.push((at, fs, rest));
+                        pieces.push((fs, fe, Part::BlockedFsync));
+                        at = fe;
+                    }
+                    pieces.push((at, e, rest));
+                    pieces
+                }
+            },
         },
-    })
+    )
 }
 
 /// Splits `[a, b)` of `tid` by run state, and pushes the pieces `part_of` makes of each

@@ -207,6 +207,42 @@ pub enum Output {
     Incomplete(Incomplete),
 }
 
+/// The words incomplete.csv gives each reason.
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reason::NotJoined(JoinFailure::UnknownId) => {
+                f.write_str("upstream request with an x-request-id no client request had")
+            }
+            Reason::NotJoined(JoinFailure::NoIdNoCandidate) => {
+                f.write_str("upstream request without an id and no client request like it")
+            }
+            Reason::NotJoined(JoinFailure::NoIdAmbiguous) => {
+                f.write_str("upstream request without an id and several client requests like it")
+            }
+            Reason::NoResponse => f.write_str("no response within 10 s"),
+            Reason::Reset => f.write_str("connection reused before the response"),
+            Reason::Unsupported(kind) => write!(f, "unsupported: {}", kind.name()),
+            Reason::SessionEnded => f.write_str("still open at end"),
+        }
+    }
+}
+
+impl Unsupported {
+    pub fn name(self) -> &'static str {
+        match self {
+            Unsupported::Pipelined => "pipelined",
+            Unsupported::Http2 => "HTTP/2",
+            Unsupported::Tls => "TLS",
+            Unsupported::TruncatedHead => "header block past the bytes captured",
+            Unsupported::TruncatedChunk => "chunk size past the bytes captured",
+            Unsupported::Malformed => "not HTTP/1.x",
+            Unsupported::HeadTooLarge => "header block over 64 KiB",
+            Unsupported::Upgrade => "protocol upgrade",
+        }
+    }
+}
+
 impl Output {
     pub fn serial(&self) -> u64 {
         match self {

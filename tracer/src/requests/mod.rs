@@ -14,6 +14,7 @@ mod cpus;
 mod exchange_parts;
 pub mod http;
 pub mod kernel;
+pub mod kernel_only;
 mod ledger;
 pub mod outcome;
 mod rebuild;
@@ -22,6 +23,7 @@ pub mod synthetic;
 mod threads;
 pub mod wait;
 
+pub use kernel_only::KernelOnlyRebuilder;
 pub use outcome::{
     Hits, Incomplete, OffCpu, Outcome, PARTS, Part, RequestRecord, Slice, StackSample,
 };

@@ -1,0 +1,604 @@
+//! The rebuild of a kernel-only session: the same event stream as the exact mode, plus the
+//! data syscalls' bytes, in; one [`Outcome`] per proxied request out (`docs/model.md`,
+//! "Kernel-only mode"). [`http::Joiner`] finds the exchanges in the bytes; the run states,
+//! sockets and cover are the exact mode's own; [`exchange_parts`] splits each exchange.
+//!
+//! Choices, each covered by a test:
+//! - fds are per process: a socket is keyed by (tgid, fd). `SOCK_FD` names a tid, not a
+//!   process; its pair is applied once a data syscall of that tid says which process it is.
+//! - A receive's arrival is the first data-ready on its socket since the last send on it,
+//!   taken when the receive is seen (later sends move that mark on).
+//! - Without a data-ready for an exchange's first request byte (or the upstream reply), the
+//!   receive's enter stands in, and the session counts it (`Stats::arrival_from_syscall`).
+//! - An exchange the proxy answered itself (no upstream request) has an empty `upstream`.
+//! - Requests are keyed by their `x-request-id` ([`http::id_key`]); one without an id by its
+//!   joiner serial.
+//! - A loss span over an exchange makes it incomplete, as in the exact mode.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use tracer_ebpf::abi::{Event, kind, syscall};
+
+use super::exchange_parts::{self, Context, Io, Milestones};
+use super::http::{self, Assignment, Joiner, Output, Role};
+use super::outcome::{Hits, Incomplete, Outcome, RequestRecord};
+use super::rebuild::{HOLD_NS, MARGIN_NS, MAX_OPEN_NS};
+use super::sockets::Sockets;
+use super::threads::{SchedEv, Threads};
+use crate::events::data::{Data, Direction};
+
+const MAINTAIN_EVERY_NS: u64 = 100_000_000;
+
+/// What the session reports about its kernel-only rebuild.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Processes the kernel started following after attach (nginx's workers).
+    pub processes_followed: u64,
+    /// Exchanges whose arrival (or upstream reply) was a receive's enter, for want of the
+    /// socket's data-ready.
+    pub arrival_from_syscall: u64,
+}
+
+/// A data syscall of one thread, and the exchange it moved bytes for.
+#[derive(Clone, Copy, Debug)]
+struct Busy {
+    exit: u64,
+    serial: Option<u64>,
+}
+
+#[derive(Default)]
+pub struct KernelOnlyRebuilder {
+    now: u64,
+    joiner: Joiner,
+    threads: Threads,
+    sockets: Sockets,
+    tgid_of: HashMap<u32, u32>,
+    sk_by_tid_fd: HashMap<(u32, u32), u64>,
+    busy: HashMap<u32, VecDeque<Busy>>,
+    /// Each receive's pending arrival, by its position in the data stream.
+    ready_of_seq: VecDeque<(u64, u64, Option<u64>)>,
+    seq: u64,
+    fsyncs: VecDeque<(u64, u64)>,
+    losses: Vec<(u64, u64)>,
+    held: BTreeMap<(u64, u64), Outcome>,
+    next_maintenance: u64,
+    stats: Stats,
+}
+
+fn sock_key(tgid: u32, fd: u32) -> u64 {
+    (u64::from(tgid) << 32) | u64::from(fd)
+}
+
+fn overlaps(span: (u64, u64), from: u64, to: u64) -> bool {
+    span.0 <= to && span.1 >= from
+}
+
+impl KernelOnlyRebuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// What the joiner counted: exchanges, unsupported connections by kind, and the rest.
+    pub fn counts(&self) -> &http::Counts {
+        self.joiner.counts()
+    }
+
+    /// Exchanges begun and not yet decided.
+    pub fn open_requests(&self) -> usize {
+        self.joiner.open()
+    }
+
+    pub fn push(&mut self, ev: &Event) {
+        if !self.advance(ev.ts_ns) {
+            return;
+        }
+        match ev.kind {
+            kind::SYSCALL => {
+                self.threads.on_cpu(ev.ts_ns, ev.tid);
+                if syscall::is_sync(ev.sub) {
+                    self.fsyncs.push_back((ev.args[0], ev.ts_ns));
+                }
+            }
+            kind::SOCK_FD => {
+                self.threads.on_cpu(ev.ts_ns, ev.tid);
+                let (sk, fd) = (ev.args[0], ev.args[1] as u32);
+                self.sk_by_tid_fd.insert((ev.tid, fd), sk);
+                if let Some(&tgid) = self.tgid_of.get(&ev.tid) {
+                    self.sockets.sock_fd(sk, sock_key(tgid, fd));
+                }
+            }
+            kind::DATA_READY => self.sockets.data_ready(ev.ts_ns, ev.args[0]),
+            kind::ESTABLISHED => self.sockets.established(ev.ts_ns, ev.args[0]),
+            kind::SWITCH_OUT => {
+                self.threads.sched(
+                    ev.ts_ns,
+                    ev.tid,
+                    SchedEv::Out {
+                        preempted: ev.sub == 1,
+                        kernel_stack: ev.args[0] as i64,
+                        user_stack: ev.args[1] as i64,
+                    },
+                );
+            }
+            kind::SWITCH_IN => {
+                self.threads.sched(ev.ts_ns, ev.tid, SchedEv::In);
+            }
+            kind::WAKEUP => {
+                self.threads.sched(ev.ts_ns, ev.tid, SchedEv::Wakeup);
+            }
+            kind::PROCESS if ev.sub == 0 => self.stats.processes_followed += 1,
+            _ => {}
+        }
+        self.after_event();
+    }
+
+    pub fn data(&mut self, d: &Data) {
+        if !self.advance(d.exit_ns) {
+            return;
+        }
+        self.threads.on_cpu(d.exit_ns, d.tid);
+        self.tgid_of.insert(d.tid, d.tgid);
+        let key = sock_key(d.tgid, d.fd);
+        if let Some(&sk) = self.sk_by_tid_fd.get(&(d.tid, d.fd))
+            && self.sockets.sk_of(key) != Some(sk)
+        {
+            self.sockets.sock_fd(sk, key);
+        }
+        self.seq += 1;
+        match d.direction() {
+            Direction::Receive => {
+                let ready = self.sockets.pending_arrival(key).ok();
+                self.ready_of_seq.push_back((self.seq, d.exit_ns, ready));
+                self.sockets.received(key, d.enter_ns, d.exit_ns);
+            }
+            Direction::Send => self.sockets.sent(key, d.enter_ns),
+        }
+        let serial = match self.joiner.push(d) {
+            Assignment::To { serial, .. } => Some(serial),
+            Assignment::None | Assignment::Deferred => None,
+        };
+        self.busy.entry(d.tid).or_default().push_back(Busy {
+            exit: d.exit_ns,
+            serial,
+        });
+        for output in self.joiner.take() {
+            self.decide(output);
+        }
+        self.after_event();
+    }
+
+    /// Events may be missing in `[from_ns, to_ns]`: every exchange overlapping it is
+    /// incomplete, decided already (and held) or still to be decided.
+    pub fn lost(&mut self, from_ns: u64, to_ns: u64) {
+        self.lose((from_ns.min(to_ns), from_ns.max(to_ns)));
+    }
+
+    fn lose(&mut self, span: (u64, u64)) {
+        self.losses.push(span);
+        for outcome in self.held.values_mut() {
+            if let Outcome::Complete(r) = outcome
+                && overlaps(span, r.t_arrive_ns, r.t_done_ns)
+            {
+                *outcome = incomplete(r.req_id, "events lost");
+            }
+        }
+    }
+
+    /// Moves event time on; an event older than one already seen is a loss span (as in the
+    /// exact mode, the reader counts it as late).
+    fn advance(&mut self, ts: u64) -> bool {
+        if ts < self.now {
+            self.lose((ts, self.now));
+            return false;
+        }
+        self.now = ts;
+        true
+    }
+
+    fn after_event(&mut self) {
+        if self.now >= self.next_maintenance {
+            self.maintain();
+        }
+    }
+
+    /// Outcomes decided at least [`HOLD_NS`] ago, in order.
+    pub fn drain(&mut self) -> Vec<Outcome> {
+        let mut out = Vec::new();
+        while let Some(entry) = self.held.first_entry() {
+            if entry.key().0.saturating_add(HOLD_NS) > self.now {
+                break;
+            }
+            out.push(entry.remove());
+        }
+        out
+    }
+
+    /// Every exchange still open (incomplete, "session ended"), then every held outcome.
+    pub fn finish(&mut self, end_ns: u64) -> Vec<Outcome> {
+        self.now = self.now.max(end_ns);
+        for output in self.joiner.finish() {
+            self.decide(output);
+        }
+        std::mem::take(&mut self.held).into_values().collect()
+    }
+
+    fn decide(&mut self, output: Output) {
+        let serial = output.serial();
+        let (key_ts, outcome) = match output {
+            Output::Exchange(ex) => {
+                let id = ex.key.unwrap_or(serial);
+                let done = ex
+                    .syscalls
+                    .iter()
+                    .map(|s| s.exit_ns)
+                    .max()
+                    .unwrap_or(self.now);
+                match self.record(&ex, id) {
+                    Ok(r) => (r.t_done_ns, Outcome::Complete(r)),
+                    Err(reason) => (done, incomplete(id, reason)),
+                }
+            }
+            Output::Incomplete(inc) => {
+                let id = inc.key.unwrap_or(serial);
+                (self.now, incomplete(id, &inc.reason.to_string()))
+            }
+        };
+        self.held.insert((key_ts, serial), outcome);
+    }
+
+    fn ready_of(&self, seq: u64) -> Option<u64> {
+        let i = self.ready_of_seq.partition_point(|&(s, _, _)| s < seq);
+        self.ready_of_seq
+            .get(i)
+            .filter(|&&(s, _, _)| s == seq)
+            .and_then(|&(_, _, ready)| ready)
+    }
+
+    /// The exchange's milestones and parts.
+    fn record(&mut self, ex: &http::Exchange, id: u64) -> Result<RequestRecord, &'static str> {
+        let first = |role: Role| {
+            ex.syscalls
+                .iter()
+                .filter(|s| s.role == role)
+                .min_by_key(|s| s.seq)
+        };
+        let request = first(Role::ClientRequest).ok_or("request read not seen")?;
+        let response = ex
+            .syscalls
+            .iter()
+            .filter(|s| s.role == Role::ClientResponse)
+            .max_by_key(|s| s.seq)
+            .ok_or("response not seen")?;
+        let done = response.enter_ns;
+        let arrive = match self.ready_of(request.seq) {
+            Some(t) if t <= request.exit_ns => t,
+            _ => {
+                self.stats.arrival_from_syscall += 1;
+                request.enter_ns
+            }
+        };
+        let (upstream_send, upstream_reply) =
+            match (first(Role::UpstreamRequest), first(Role::UpstreamResponse)) {
+                (Some(send), Some(reply)) => {
+                    let reply_at = match self.ready_of(reply.seq) {
+                        Some(t) if t >= send.enter_ns && t <= reply.exit_ns => t,
+                        _ => {
+                            self.stats.arrival_from_syscall += 1;
+                            reply.enter_ns.max(send.enter_ns)
+                        }
+                    };
+                    (send.enter_ns, reply_at)
+                }
+                (None, None) => (done, done),
+                _ => return Err("upstream request or response not seen"),
+            };
+        if let Some(span) = self
+            .losses
+            .iter()
+            .find(|&&span| overlaps(span, arrive, done))
+        {
+            let _ = span;
+            return Err("events lost");
+        }
+        let milestones = Milestones {
+            arrive,
+            upstream_send,
+            upstream_reply,
+            done,
+            ios: ex
+                .syscalls
+                .iter()
+                .map(|s| Io {
+                    enter: s.enter_ns.max(arrive),
+                    exit: s.exit_ns,
+                    tid: s.tid,
+                })
+                .collect(),
+        };
+        let built = exchange_parts::split(
+            &milestones,
+            &Ctx {
+                rebuild: self,
+                serial: ex.serial,
+            },
+        )?;
+        Ok(RequestRecord {
+            req_id: id,
+            status: ex.status.unwrap_or(0),
+            t_arrive_ns: arrive,
+            t_done_ns: done,
+            parts: built.parts,
+            slices: built.slices,
+            samples: Vec::new(),
+            offcpu: built.offcpu,
+            waits: None,
+            hits: Hits {
+                syscalls: ex.syscalls.len() as u32,
+                ..Hits::default()
+            },
+        })
+    }
+
+    /// Forgets history no open exchange can reach: the joiner gives up on an exchange after
+    /// [`MAX_OPEN_NS`] without a syscall.
+    fn maintain(&mut self) {
+        self.next_maintenance = self.now + MAINTAIN_EVERY_NS;
+        let horizon = self.now.saturating_sub(MAX_OPEN_NS + MARGIN_NS);
+        if horizon == 0 {
+            return;
+        }
+        self.threads.prune(horizon);
+        self.sockets.prune(horizon);
+        for log in self.busy.values_mut() {
+            while log.front().is_some_and(|b| b.exit < horizon) {
+                log.pop_front();
+            }
+        }
+        self.busy.retain(|_, log| !log.is_empty());
+        while self.ready_of_seq.front().is_some_and(|r| r.1 < horizon) {
+            self.ready_of_seq.pop_front();
+        }
+        while self.fsyncs.front().is_some_and(|f| f.1 < horizon) {
+            self.fsyncs.pop_front();
+        }
+        self.losses.retain(|l| l.1 >= horizon);
+    }
+}
+
+fn incomplete(req_id: u64, reason: &str) -> Outcome {
+    Outcome::Incomplete(Incomplete {
+        req_id,
+        reason: reason.to_owned(),
+    })
+}
+
+/// The split's view of the rebuild, for one exchange.
+struct Ctx<'a> {
+    rebuild: &'a KernelOnlyRebuilder,
+    serial: u64,
+}
+
+impl Context for Ctx<'_> {
+    fn threads(&self) -> &Threads {
+        &self.rebuild.threads
+    }
+
+    fn foreign_until(&self, tid: u32, from: u64, to: u64) -> Option<u64> {
+        let log = self.rebuild.busy.get(&tid)?;
+        let end = log.partition_point(|b| b.exit <= to);
+        log.range(..end)
+            .rev()
+            .take_while(|b| b.exit > from)
+            .find(|b| b.serial.is_some_and(|s| s != self.serial))
+            .map(|b| b.exit)
+    }
+
+    fn fsync_spans(&self, from: u64, to: u64) -> Vec<(u64, u64)> {
+        let mut spans: Vec<(u64, u64)> = self
+            .rebuild
+            .fsyncs
+            .iter()
+            .filter(|&&(s, e)| s < to && e > from)
+            .map(|&(s, e)| (s.max(from), e.min(to)))
+            .collect();
+        spans.sort_unstable();
+        // Two threads in fsync at once: one span.
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+        for (s, e) in spans {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        merged
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_ebpf::abi::syscall;
+
+    use super::*;
+    use crate::requests::Part;
+
+    const TGID: u32 = 100;
+
+    fn ev(ts_ns: u64, kind: u16, sub: u16, args: [u64; 3]) -> Event {
+        Event {
+            ts_ns,
+            tid: TGID,
+            kind,
+            sub,
+            args,
+        }
+    }
+
+    fn data(enter_ns: u64, exit_ns: u64, fd: u32, syscall: u16, text: &str) -> Data {
+        Data {
+            enter_ns,
+            exit_ns,
+            tgid: TGID,
+            tid: TGID,
+            fd,
+            syscall,
+            len: text.len() as u64,
+            bytes: text.as_bytes().to_vec(),
+        }
+    }
+
+    const REQUEST: &str =
+        "POST /echo HTTP/1.1\r\nHost: x\r\nx-request-id: 42\r\nContent-Length: 2\r\n\r\n{}";
+    const RESPONSE: &str = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+    const CLIENT_SK: u64 = 0xa;
+    const UPSTREAM_SK: u64 = 0xb;
+
+    enum In {
+        Ev(Event),
+        Data(Data),
+    }
+
+    /// One nginx-like exchange on one thread: the client's request lands at 1050 and is read
+    /// at 1080..1120, sent upstream at 1190, the thread sleeps from 1300; the reply lands at
+    /// 6200, the thread is woken at 6210 and runs at 6220, reads it at 6230 and answers at 6300.
+    fn event_loop() -> Vec<In> {
+        vec![
+            In::Ev(ev(1_000, kind::SWITCH_IN, 0, [0; 3])),
+            In::Ev(ev(1_050, kind::DATA_READY, 0, [CLIENT_SK, 0, 0])),
+            In::Ev(ev(1_100, kind::SOCK_FD, 0, [CLIENT_SK, 5, 0])),
+            In::Data(data(1_080, 1_120, 5, syscall::RECVFROM, REQUEST)),
+            In::Ev(ev(1_200, kind::SOCK_FD, 0, [UPSTREAM_SK, 6, 0])),
+            In::Data(data(
+                1_190,
+                1_210,
+                6,
+                syscall::WRITEV,
+                &REQUEST.replace("Host: x", "Host: up"),
+            )),
+            In::Ev(ev(1_300, kind::SWITCH_OUT, 0, [u64::MAX, u64::MAX, 0])),
+            In::Ev(ev(6_200, kind::DATA_READY, 0, [UPSTREAM_SK, 0, 0])),
+            In::Ev(ev(6_210, kind::WAKEUP, 0, [0; 3])),
+            In::Ev(ev(6_220, kind::SWITCH_IN, 0, [0; 3])),
+            In::Data(data(6_230, 6_250, 6, syscall::RECVFROM, RESPONSE)),
+            In::Data(data(6_300, 6_320, 5, syscall::WRITEV, RESPONSE)),
+        ]
+    }
+
+    fn rebuild(stream: Vec<In>) -> (Vec<Outcome>, KernelOnlyRebuilder) {
+        let mut r = KernelOnlyRebuilder::new();
+        for input in &stream {
+            match input {
+                In::Ev(e) => r.push(e),
+                In::Data(d) => r.data(d),
+            }
+        }
+        let out = r.finish(10_000);
+        (out, r)
+    }
+
+    fn complete(outcomes: &[Outcome]) -> Vec<&RequestRecord> {
+        outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Complete(r) => Some(r),
+                Outcome::Incomplete(_) => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_event_loop_exchange_is_split_from_its_arrival_to_its_answer() {
+        let (out, r) = rebuild(event_loop());
+        let [req] = complete(&out)[..] else {
+            panic!("{out:?}");
+        };
+        assert_eq!(
+            (req.req_id, req.status, req.t_arrive_ns, req.t_done_ns),
+            (42, 200, 1_050, 6_300)
+        );
+        assert_eq!(req.part_ns(Part::Upstream), 6_200 - 1_190);
+        assert_eq!(req.part_ns(Part::Scheduling), 20);
+        assert_eq!(req.part_ns(Part::OnCpu), 220);
+        assert_eq!(req.parts.iter().sum::<u64>(), req.total_ns());
+        assert_eq!(r.stats().arrival_from_syscall, 0);
+    }
+
+    #[test]
+    fn without_the_sockets_events_the_receives_stand_in_and_are_counted() {
+        let stream = event_loop()
+            .into_iter()
+            .filter(|i| !matches!(i, In::Ev(e) if e.kind == kind::SOCK_FD))
+            .collect();
+        let (out, r) = rebuild(stream);
+        let [req] = complete(&out)[..] else {
+            panic!("{out:?}");
+        };
+        assert_eq!(req.t_arrive_ns, 1_080);
+        assert_eq!(req.part_ns(Part::Upstream), 6_230 - 1_190);
+        assert_eq!(r.stats().arrival_from_syscall, 2);
+    }
+
+    #[test]
+    fn a_loss_over_an_exchange_makes_it_incomplete() {
+        let mut r = KernelOnlyRebuilder::new();
+        for input in &event_loop() {
+            match input {
+                In::Ev(e) => r.push(e),
+                In::Data(d) => r.data(d),
+            }
+        }
+        r.lost(2_000, 3_000);
+        let out = r.finish(10_000);
+        assert_eq!(
+            out,
+            [Outcome::Incomplete(Incomplete {
+                req_id: 42,
+                reason: "events lost".into()
+            })]
+        );
+    }
+
+    #[test]
+    fn an_exchange_still_open_at_the_end_is_incomplete_with_its_id() {
+        let stream: Vec<In> = event_loop().into_iter().take(6).collect();
+        let (out, _) = rebuild(stream);
+        let [Outcome::Incomplete(inc)] = &out[..] else {
+            panic!("{out:?}");
+        };
+        assert_eq!(inc.req_id, 42);
+    }
+
+    #[test]
+    fn an_answer_the_loop_gave_another_request_first_is_queued() {
+        const B_UPSTREAM_SK: u64 = 0xc;
+        let request_b = REQUEST.replace("42", "43");
+        let stream = vec![
+            In::Ev(ev(1_000, kind::SWITCH_IN, 0, [0; 3])),
+            In::Data(data(1_080, 1_120, 5, syscall::RECVFROM, REQUEST)),
+            In::Ev(ev(1_200, kind::SOCK_FD, 0, [UPSTREAM_SK, 6, 0])),
+            In::Data(data(1_190, 1_210, 6, syscall::WRITEV, REQUEST)),
+            In::Data(data(1_280, 1_300, 7, syscall::RECVFROM, &request_b)),
+            In::Ev(ev(1_400, kind::SOCK_FD, 0, [B_UPSTREAM_SK, 8, 0])),
+            In::Data(data(1_390, 1_410, 8, syscall::WRITEV, &request_b)),
+            // Both replies land by 6200; the loop reads and answers A's first.
+            In::Ev(ev(6_190, kind::DATA_READY, 0, [UPSTREAM_SK, 0, 0])),
+            In::Ev(ev(6_200, kind::DATA_READY, 0, [B_UPSTREAM_SK, 0, 0])),
+            In::Data(data(6_230, 6_250, 6, syscall::RECVFROM, RESPONSE)),
+            In::Data(data(6_300, 6_320, 5, syscall::WRITEV, RESPONSE)),
+            In::Data(data(6_350, 6_370, 8, syscall::RECVFROM, RESPONSE)),
+            In::Data(data(6_400, 6_420, 7, syscall::WRITEV, RESPONSE)),
+        ];
+        let (out, _) = rebuild(stream);
+        let reqs = complete(&out);
+        let b = reqs.iter().find(|r| r.req_id == 43).expect("request 43");
+        // From B's reply (6200) to the exit of A's answer (6320), the loop worked for A.
+        assert_eq!(b.part_ns(Part::Queued), 120);
+        assert_eq!(b.part_ns(Part::Upstream), 6_200 - 1_390);
+        assert_eq!(b.parts.iter().sum::<u64>(), b.total_ns());
+        let a = reqs.iter().find(|r| r.req_id == 42).expect("request 42");
+        assert_eq!(a.part_ns(Part::Queued), 0);
+    }
+}
