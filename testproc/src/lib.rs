@@ -520,5 +520,7 @@ impl Drop for Proc {
     }
 }
 
+pub mod proxy;
+
 #[cfg(test)]
 mod tests;

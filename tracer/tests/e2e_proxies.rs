@@ -1,0 +1,351 @@
+//! Root only: kernel-only mode on proxies nobody here wrote. nginx (master and one worker),
+//! haproxy and caddy, Debian's packages (installed with apt when missing, as on a new
+//! machine), each run as a reverse proxy in front of mock-upstream (5 ms per request). The
+//! tracer attaches to the proxy's pid (nginx: the master; its worker is followed), loadgen sends
+//! keep-alive requests with a unique `x-request-id` each, and then:
+//! - every 200 the client got is a complete traced request joined by its id, or counted
+//!   incomplete with a reason: none vanishes;
+//! - each traced request lies inside the client's send–receive window;
+//! - its `upstream` is at least the 5 ms delay, and the median within 10% of what the
+//!   client measured on mock-upstream directly;
+//! - its parts sum to its total;
+//! - with a CPU hog at nice -5 pinned to the proxy's CPU, the p99 of `scheduling + queued`
+//!   at least doubles and grows by 1 ms or more.
+
+mod attach_common;
+mod e2e_common;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::Command,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use attach_common::{program_ids, require_root, still_loaded};
+use e2e_common::{Binaries, Row, build_binaries, num, read_csv, start, wait_listening};
+use testproc::{Proc, Signal, Spawn, Stream, proxy::Proxy};
+
+const PROXY_CPU: &str = "0";
+const LOAD_CPU: &str = "1";
+const UPSTREAM_DELAY_MS: u64 = 5;
+const RATE: u64 = 200;
+const LOAD_SECONDS: u64 = 3;
+const CONNECTIONS: &str = "4";
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// The CPU hog's name (its comm).
+const HOG: &str = "proxy-cpu-hog";
+
+/// One traced session at a time: they pin to the same CPUs and caddy's admin port is fixed.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// `proxy`'s binary, installed with apt-get first where it is missing.
+fn installed(proxy: Proxy) -> PathBuf {
+    if let Some(path) = proxy.find() {
+        return path;
+    }
+    let name = proxy.package();
+    eprintln!("e2e: installing {name} with apt-get");
+    let apt = |args: &[&str]| {
+        Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .output()
+            .unwrap_or_else(|e| panic!("apt-get: {e}"))
+    };
+    let mut out = apt(&["install", "-y", "--no-install-recommends", name]);
+    if !out.status.success() {
+        // A new machine may not have the package lists yet.
+        apt(&["update"]);
+        out = apt(&["install", "-y", "--no-install-recommends", name]);
+    }
+    assert!(
+        out.status.success(),
+        "apt-get install {name} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Debian starts an installed daemon; the tests run their own.
+    let _ = Command::new("systemctl").args(["stop", name]).output();
+    proxy
+        .find()
+        .unwrap_or_else(|| panic!("{name} installed, but not found"))
+}
+
+/// Starts `proxy` on `port` in front of `upstream`, pinned to [`PROXY_CPU`], and waits until
+/// it accepts connections.
+fn start_proxy(proxy: Proxy, dir: &Path, port: u16, upstream: &str) -> Proc {
+    let spawn = proxy
+        .spawn(&installed(proxy), dir, port, upstream)
+        .unwrap_or_else(|e| panic!("{proxy:?}'s configuration: {e}"));
+    let proxy_proc = start(spawn.cpus(Some(PROXY_CPU)));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "{proxy:?} did not listen on {port}:\n{}",
+            proxy_proc.output_of(Stream::Stderr)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    proxy_proc
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// loadgen at [`RATE`] against `url` (`--direct`: path /echo, which every proxy forwards);
+/// its client.csv rows.
+fn load(loadgen: &Path, url: &str, csv: &Path) -> Vec<Row> {
+    let out = Command::new("taskset")
+        .args(["-c", LOAD_CPU])
+        .arg(loadgen)
+        .args(["--url", url, "--direct"])
+        .args(["--rate", &RATE.to_string()])
+        .args(["--duration", &LOAD_SECONDS.to_string(), "--warmup", "0"])
+        .args(["--connections", CONNECTIONS, "--quiet", "--requests-out"])
+        .arg(csv)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "loadgen failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    read_csv(csv)
+}
+
+fn median(mut values: Vec<u64>) -> u64 {
+    assert!(!values.is_empty());
+    values.sort_unstable();
+    values[values.len() / 2]
+}
+
+/// The parts of a requests.csv row: every `*_ns` column after `overhead_ns`.
+fn parts_sum(row: &Row) -> u64 {
+    row.iter()
+        .filter(|(k, _)| {
+            k.ends_with("_ns")
+                && !["t_arrive_ns", "t_done_ns", "total_ns", "overhead_ns"].contains(&k.as_str())
+        })
+        .map(|(k, _)| num(row, k))
+        .sum()
+}
+
+/// What the client measured and the session traced.
+struct Session {
+    /// request id → (sent, received), of the client's 200s.
+    ok: BTreeMap<u64, (u64, u64)>,
+    traced: Vec<Row>,
+    incomplete: Vec<Row>,
+    stderr: String,
+}
+
+/// One traced session of `proxy` under [`RATE`], with a CPU hog on its CPU when `hog`.
+fn session(proxy: Proxy, bins: &Binaries, upstream: &str, dir: &Path, hog: bool) -> Session {
+    let port = free_port();
+    let mut server = start_proxy(proxy, dir, port, upstream);
+    let out = dir.join(if hog { "session-hog" } else { "session" });
+    let mut tracer = start(
+        Spawn::new("tracer", env!("CARGO_BIN_EXE_tracer"))
+            .args(["record", "--pid", &server.pid().to_string()])
+            .arg("--out")
+            .arg(&out)
+            .cpus(Some(LOAD_CPU)),
+    );
+    if let Err(err) = tracer.wait_for_prefix("tracer: program ids ", READY_TIMEOUT) {
+        panic!("{err:#}");
+    }
+    let hog = hog.then(|| {
+        let mut command = Command::new("nice");
+        // A shell run through a link named HOG: the kernel names the task after the link.
+        let link = dir.join(HOG);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/bin/sh", &link).unwrap();
+        command
+            .args(["-n", "-5", "taskset", "-c", PROXY_CPU])
+            .arg(&link)
+            .args(["-c", "while :; do :; done"]);
+        start(Spawn::command("hog", command))
+    });
+    let client = load(
+        &bins.loadgen,
+        &format!("http://127.0.0.1:{port}"),
+        &dir.join(if hog.is_some() {
+            "client-hog.csv"
+        } else {
+            "client.csv"
+        }),
+    );
+    drop(hog);
+    tracer.signal(Signal::INT).unwrap();
+    let status = tracer
+        .wait_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let stderr = tracer.output_of(Stream::Stderr);
+    assert!(status.success(), "tracer failed ({status}):\n{stderr}");
+    assert!(
+        stderr.contains("mode: kernel-only"),
+        "the session does not say its mode:\n{stderr}"
+    );
+    assert_eq!(still_loaded(&program_ids(&stderr)), Vec::<u32>::new());
+    let _ = server.signal(Signal::TERM);
+    drop(server);
+    let ok = client
+        .iter()
+        .filter(|r| r["status"] == "200")
+        .map(|r| {
+            (
+                num(r, "request_id"),
+                (num(r, "sent_ns"), num(r, "received_ns")),
+            )
+        })
+        .collect();
+    Session {
+        ok,
+        traced: read_csv(&out.join("requests.csv")),
+        incomplete: read_csv(&out.join("incomplete.csv")),
+        stderr,
+    }
+}
+
+/// The assertions every session of a proxy meets; the median upstream.
+fn check(proxy: Proxy, s: &Session, direct_median: u64) {
+    let Session {
+        ok,
+        traced,
+        incomplete,
+        stderr,
+    } = s;
+    assert!(
+        ok.len() as u64 >= RATE * LOAD_SECONDS * 8 / 9,
+        "{proxy:?} answered only {} requests with 200",
+        ok.len(),
+    );
+    let traced_ids: BTreeSet<u64> = traced.iter().map(|r| num(r, "request_id")).collect();
+    let incomplete_ids: BTreeSet<u64> = incomplete.iter().map(|r| num(r, "request_id")).collect();
+    let vanished: Vec<u64> = ok
+        .keys()
+        .filter(|id| !traced_ids.contains(id) && !incomplete_ids.contains(id))
+        .copied()
+        .collect();
+    assert!(
+        vanished.is_empty(),
+        "{proxy:?}: {} of {} client 200s are neither traced nor incomplete: {:?}\n{stderr}",
+        vanished.len(),
+        ok.len(),
+        &vanished[..vanished.len().min(20)]
+    );
+    // Incomplete ones are reasons, not guesses; ordinary keep-alive requests have (nearly)
+    // none.
+    assert!(
+        traced.len() * 10 >= ok.len() * 9,
+        "{proxy:?}: only {} of {} requests complete; incomplete: {:?}",
+        traced.len(),
+        ok.len(),
+        &incomplete[..incomplete.len().min(20)]
+    );
+    let mut upstreams = Vec::new();
+    for row in traced {
+        let id = num(row, "request_id");
+        let Some(&(sent, received)) = ok.get(&id) else {
+            panic!("{proxy:?}: traced request {id} is not one the client got a 200 for");
+        };
+        let (arrive, done) = (num(row, "t_arrive_ns"), num(row, "t_done_ns"));
+        assert!(
+            sent <= arrive && done <= received,
+            "{proxy:?}: request {id} traced [{arrive}, {done}] outside the client's [{sent}, {received}]"
+        );
+        assert_eq!(parts_sum(row), num(row, "total_ns"), "{proxy:?}: {row:?}");
+        let upstream = num(row, "upstream_ns");
+        assert!(
+            upstream >= UPSTREAM_DELAY_MS * 1_000_000,
+            "{proxy:?}: request {id} upstream {upstream} ns, under the {UPSTREAM_DELAY_MS} ms delay"
+        );
+        upstreams.push(upstream);
+    }
+    let traced_median = median(upstreams);
+    let ratio = traced_median as f64 / direct_median as f64;
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "{proxy:?}: median upstream {traced_median} ns, the client measured mock-upstream at \
+         {direct_median} ns (x{ratio:.3})"
+    );
+    eprintln!(
+        "e2e {proxy:?}: {} traced, {} incomplete, median upstream {:.3} ms (client direct {:.3} ms)",
+        traced.len(),
+        incomplete.len(),
+        traced_median as f64 / 1e6,
+        direct_median as f64 / 1e6
+    );
+}
+
+/// The p99 of `scheduling + queued` over a session's requests.
+fn waiting_p99(traced: &[Row]) -> u64 {
+    let mut waits: Vec<u64> = traced
+        .iter()
+        .map(|r| num(r, "scheduling_ns") + num(r, "queued_ns"))
+        .collect();
+    waits.sort_unstable();
+    waits[(waits.len() * 99 / 100).min(waits.len() - 1)]
+}
+
+fn traced_proxy(test: &str, proxy: Proxy) {
+    if !require_root(test) {
+        return;
+    }
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let bins = build_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let mut mock = start(
+        Spawn::new("mock-upstream", &bins.mock_upstream)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--delay-ms", &UPSTREAM_DELAY_MS.to_string()])
+            .cpus(Some(LOAD_CPU)),
+    );
+    let upstream = wait_listening(&mut mock);
+    // The client's own measurement of mock-upstream, without the proxy.
+    let direct = load(
+        &bins.loadgen,
+        &format!("http://{upstream}"),
+        &dir.path().join("direct.csv"),
+    );
+    let direct_median = median(
+        direct
+            .iter()
+            .map(|r| num(r, "received_ns") - num(r, "sent_ns"))
+            .collect(),
+    );
+    let quiet = session(proxy, &bins, &upstream, dir.path(), false);
+    check(proxy, &quiet, direct_median);
+    let hogged = session(proxy, &bins, &upstream, dir.path(), true);
+    check(proxy, &hogged, direct_median);
+    let (before, after) = (waiting_p99(&quiet.traced), waiting_p99(&hogged.traced));
+    eprintln!("e2e {proxy:?}: p99 scheduling + queued {before} ns, with the hog {after} ns");
+    assert!(
+        after >= 2 * before && after >= before + 1_000_000,
+        "{proxy:?}: a CPU hog on the proxy's CPU moved the p99 of scheduling + queued from \
+         {before} ns to {after} ns only"
+    );
+}
+
+#[test]
+fn nginx_requests_are_traced_kernel_only() {
+    traced_proxy("nginx_requests_are_traced_kernel_only", Proxy::Nginx);
+}
+
+#[test]
+fn haproxy_requests_are_traced_kernel_only() {
+    traced_proxy("haproxy_requests_are_traced_kernel_only", Proxy::Haproxy);
+}
+
+#[test]
+fn caddy_requests_are_traced_kernel_only() {
+    traced_proxy("caddy_requests_are_traced_kernel_only", Proxy::Caddy);
+}
