@@ -25,13 +25,15 @@ use std::{
     fs::File,
     io::Read as _,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     sync::Mutex,
     time::{Duration, Instant},
 };
 
-use attach_common::{leftover_uprobes, program_ids, require_root, still_loaded};
-use testproc::{Proc, Signal, Spawn, Stream};
+use attach_common::{
+    Binaries, Signal, Spawn, Stream, cargo_build_binaries, leftover_uprobes, program_ids,
+    require_root, start, still_loaded, wait_listening,
+};
 
 /// The load: well below the gateway's max, so nothing queues and nothing may be lost.
 /// `TRACER_E2E_RATE` overrides it where the gateway is slower (an emulated guest).
@@ -44,12 +46,7 @@ const HOG: &str = "wait-for-hog";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const FINISH_TIMEOUT: Duration = Duration::from_secs(180);
 
-struct Binaries {
-    gateway: PathBuf,
-    mock_upstream: PathBuf,
-    loadgen: PathBuf,
-}
-
+/// The binaries from `TRACER_E2E_BIN_DIR` when it is set, else built by cargo.
 fn build_binaries() -> Binaries {
     if let Some(dir) = std::env::var_os("TRACER_E2E_BIN_DIR") {
         let dir = PathBuf::from(dir);
@@ -59,49 +56,7 @@ fn build_binaries() -> Binaries {
             loadgen: dir.join("loadgen"),
         };
     }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let output = Command::new(env!("CARGO"))
-        .current_dir(workspace)
-        .args(["build", "--release", "-p", "gateway", "-p", "loadgen"])
-        .args(["--message-format", "json-render-diagnostics"])
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("running cargo build");
-    assert!(
-        output.status.success(),
-        "cargo build failed: {}",
-        output.status
-    );
-    let executables: Vec<PathBuf> = output
-        .stdout
-        .split(|&b| b == b'\n')
-        .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
-        .filter_map(|message| message["executable"].as_str().map(PathBuf::from))
-        .collect();
-    let find = |name: &str| {
-        executables
-            .iter()
-            .find(|path| path.file_name().is_some_and(|file| file == name))
-            .unwrap_or_else(|| panic!("cargo build produced no `{name}`"))
-            .clone()
-    };
-    Binaries {
-        gateway: find("gateway"),
-        mock_upstream: find("mock-upstream"),
-        loadgen: find("loadgen"),
-    }
-}
-
-/// Starts `spawn` (a [`Proc`]: stopped and reaped on drop, so a failing assertion leaves
-/// nothing running), panicking with why it could not.
-fn start(spawn: Spawn) -> Proc {
-    spawn.start().unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-/// Waits for a server's `listening on ADDR` line; its address.
-fn wait_listening(proc: &mut Proc) -> String {
-    proc.wait_for_prefix("listening on ", Duration::from_secs(20))
-        .unwrap_or_else(|e| panic!("{e:#}"))
+    cargo_build_binaries()
 }
 
 /// A CSV row: column name → text.
