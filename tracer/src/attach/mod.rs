@@ -378,3 +378,46 @@ mod tests {
         }
     }
 }
+
+/// The programs kernel-only mode adds to (the data syscalls' tracepoints, the raw and classic
+/// fork and exit programs) pass this kernel's verifier (root: loading needs CAP_BPF).
+#[cfg(test)]
+mod verifier_tests {
+    use aya::{
+        EbpfLoader,
+        programs::{RawTracePoint, TracePoint},
+    };
+
+    #[test]
+    fn kernel_only_programs_load() {
+        if super::OBJECT.is_empty() || !rustix::process::geteuid().is_root() {
+            eprintln!("SKIPPED kernel_only_programs_load: no programs, or not root");
+            return;
+        }
+        let mut ebpf = EbpfLoader::new().load(super::OBJECT).unwrap();
+        let mut names: Vec<String> = Vec::new();
+        for (name, _) in tracer_ebpf::tracepoints::SYSCALLS {
+            names.push(format!("sys_enter_{name}"));
+            names.push(format!("sys_exit_{name}"));
+        }
+        names.extend(
+            ["sched_process_fork", "sched_process_exit", "sched_switch"].map(str::to_owned),
+        );
+        for name in &names {
+            let program: &mut TracePoint = ebpf
+                .program_mut(name)
+                .unwrap_or_else(|| panic!("{name} missing"))
+                .try_into()
+                .unwrap();
+            program.load().unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        }
+        for name in [
+            "raw_sched_process_fork",
+            "raw_sched_process_exit",
+            "raw_sched_switch",
+        ] {
+            let program: &mut RawTracePoint = ebpf.program_mut(name).unwrap().try_into().unwrap();
+            program.load().unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        }
+    }
+}
