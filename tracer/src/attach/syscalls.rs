@@ -7,7 +7,7 @@
 
 use anyhow::Context as _;
 use aya::{Btf, Ebpf};
-use tracer_ebpf::tracepoints::{SYS_ENTER_FD, SYS_EXIT_RET, SYSCALLS};
+use tracer_ebpf::tracepoints::{DATA_SYSCALL_BUFS, SYS_ENTER_FD, SYS_EXIT_RET, SYSCALLS};
 
 use super::{
     hooks::{Hook, Kind, Link},
@@ -30,6 +30,21 @@ pub fn check_tracepoints() -> anyhow::Result<()> {
             "syscalls",
             &exit,
             &[SYS_EXIT_RET],
+        )?;
+    }
+    Ok(())
+}
+
+/// Kernel-only mode: the data syscalls' enter records have their buffer where the programs
+/// read it.
+pub fn check_data_tracepoints() -> anyhow::Result<()> {
+    for (name, buf) in DATA_SYSCALL_BUFS {
+        let enter = format!("sys_enter_{name}");
+        tracefs::check_fields(
+            &tracefs::read_format("syscalls", &enter)?,
+            "syscalls",
+            &enter,
+            &[buf],
         )?;
     }
     Ok(())
