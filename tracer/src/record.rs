@@ -113,7 +113,6 @@ impl Tally {
             (kind::WAKEUP, "wakeup"),
             (kind::SAMPLE, "sample"),
             (kind::TASK_NAME, "task_name"),
-            (kind::PROCESS, "process"),
         ];
         let parts: Vec<String> = names
             .iter()

@@ -312,9 +312,14 @@ impl Session {
                 group: "samples",
                 mode: "perf_event",
                 detail: format!(
-                    "cpu-clock {} Hz on CPU {} (the targets' affinity at attach)",
+                    "cpu-clock {} Hz on CPU {} (the {} affinity at attach)",
                     options.sample_hz,
-                    list.join(",")
+                    list.join(","),
+                    if pids.len() > 1 {
+                        "targets'"
+                    } else {
+                        "target's"
+                    }
                 ),
             });
         }
