@@ -24,9 +24,10 @@ use std::{
 use attach_common::require_root;
 use testproc::{Proc, Signal, Spawn};
 use tracer::events::data::{Data, Direction, read_dump};
-use tracer_ebpf::abi::kind;
+use tracer_ebpf::abi::{DATA_BYTES, kind, syscall};
 
 const READY: Duration = Duration::from_secs(120);
+const BODY: &str = r#"{"hello":"kernel-only"}"#;
 
 fn nginx() -> PathBuf {
     let found = || {
@@ -120,12 +121,14 @@ fn children(pid: u32) -> Vec<u32> {
     found
 }
 
-/// One keep-alive POST, its response read to the end of its body.
-fn request(stream: &mut BufReader<TcpStream>, port: u16, id: &str) {
-    let body = r#"{"hello":"kernel-only"}"#;
+/// One keep-alive POST, its response read to the end of its body. `pad`: bytes of an
+/// `x-pad` header after the id.
+fn request(stream: &mut BufReader<TcpStream>, port: u16, id: &str, pad: usize) {
+    let body = BODY;
     let head = format!(
         "POST /echo HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n\
-         x-request-id: {id}\r\ncontent-length: {}\r\n\r\n{body}",
+         x-request-id: {id}\r\nx-pad: {}\r\ncontent-length: {}\r\n\r\n{body}",
+        "p".repeat(pad),
         body.len()
     );
     stream.get_mut().write_all(head.as_bytes()).unwrap();
@@ -184,6 +187,14 @@ fn assert_both_sides(data: &[Data], id: &str, worker: u32) {
         assert!(record.exit_ns >= record.enter_ns);
     }
     assert!(read.exit_ns <= write.enter_ns, "{id}: written before read");
+    // nginx writes the upstream request as writev [headers, body]: both iovecs gathered.
+    assert_eq!(write.syscall, syscall::WRITEV, "{write:#?}");
+    assert!(write.whole(), "{write:#?}");
+    assert!(write.bytes.ends_with(BODY.as_bytes()), "{write:#?}");
+    assert!(
+        read.whole() && read.bytes.ends_with(BODY.as_bytes()),
+        "{read:#?}"
+    );
 }
 
 #[test]
@@ -265,8 +276,11 @@ fn nginx_worker_followed_and_request_bytes_captured() {
     let before: Vec<String> = (0..3).map(|i| format!("ko-{tag}-before-{i}")).collect();
     let mut client = connect(port);
     for id in &before {
-        request(&mut client, port, id);
+        request(&mut client, port, id, 0);
     }
+    // Longer than a DATA record holds: its first DATA_BYTES, said honestly.
+    let long = format!("ko-{tag}-long");
+    request(&mut client, port, &long, 2 * DATA_BYTES);
     drop(client);
 
     // A reload: the master forks a new worker while traced; the old one exits.
@@ -284,7 +298,7 @@ fn nginx_worker_followed_and_request_bytes_captured() {
     let after: Vec<String> = (0..3).map(|i| format!("ko-{tag}-after-{i}")).collect();
     let mut client = connect(port);
     for id in &after {
-        request(&mut client, port, id);
+        request(&mut client, port, id, 0);
     }
     drop(client);
     // Past the reorder window, so the last records are in before the stop.
@@ -303,6 +317,12 @@ fn nginx_worker_followed_and_request_bytes_captured() {
     for id in &after {
         assert_both_sides(&data, id, new_worker);
     }
+    let truncated = data
+        .iter()
+        .find(|d| holds(d, &long) && d.direction() == Direction::Receive)
+        .unwrap_or_else(|| panic!("no client read holds {long}"));
+    assert_eq!(truncated.bytes.len(), DATA_BYTES, "{truncated:#?}");
+    assert!(truncated.len > DATA_BYTES as u64 && !truncated.whole());
     // Only the nginx processes are traced (not mock-upstream, not the client).
     let tgids: HashSet<u32> = data.iter().map(|d| d.tgid).collect();
     let nginx_pids = HashSet::from([master_pid, old_worker, new_worker]);

@@ -123,6 +123,16 @@ pub fn attach(ebpf: &mut Ebpf, kind: Kind, btf: Option<&Btf>) -> anyhow::Result<
 mod tests {
     use super::*;
 
+    /// This kernel's data syscalls have their buffer where kernel-only mode reads it.
+    #[test]
+    fn data_syscall_buffers_are_where_the_programs_read_them() {
+        if tracefs::read_format("syscalls", "sys_enter_read").is_err() {
+            eprintln!("SKIPPED data_syscall_buffers: no tracefs here");
+            return;
+        }
+        check_data_tracepoints().unwrap();
+    }
+
     /// Issue 21 item 9: falling back to kretprobes is said out loud, the other modes are not.
     #[test]
     fn item9_kprobe_fallback_warns() {
