@@ -24,7 +24,7 @@ use tracer_ebpf::{
     tracepoints::{SYS_ENTER_BUF, SYS_ENTER_FD, SYS_EXIT_RET},
 };
 
-use super::maps::{count_drop, current_target, current_target_tid, emit, emit_data, field, now};
+use super::maps::{count_drop, current_target, emit, emit_data, field, now};
 
 /// A syscall in progress on one thread. `id == 0`: none.
 #[repr(C)]
@@ -32,8 +32,8 @@ use super::maps::{count_drop, current_target, current_target_tid, emit, emit_dat
 pub struct InFlight {
     pub enter_ts_ns: u64,
     pub fd: u64,
-    /// The user buffer (readv, writev: the `struct iovec *`) of a data syscall; 0 otherwise.
-    /// Stored in both modes (one more store), read only in kernel-only mode.
+    /// Kernel-only mode: the user buffer (readv, writev: the `struct iovec *`) of a data
+    /// syscall. 0 otherwise, and always in exact mode, which does not read it.
     pub buf: u64,
     pub id: u16,
 }
@@ -159,15 +159,20 @@ fn copy_iov(dst: *mut [u8; DATA_BYTES], vec: u64, ret: u64) -> u32 {
     }
 }
 
+/// `buf` is asked only in kernel-only mode (exact mode pays no read for it).
 #[inline(always)]
-fn enter(fd: u64, buf: u64, id: u16) -> u32 {
-    let Some(tid) = current_target_tid() else {
+fn enter(fd: u64, buf: impl FnOnce() -> u64, id: u16) -> u32 {
+    let Some((config, _, tid)) = current_target() else {
         return 0;
     };
     let call = InFlight {
         enter_ts_ns: now(),
         fd: u64::from(fd as u32),
-        buf,
+        buf: if config.flags & Config::KERNEL_ONLY != 0 {
+            buf()
+        } else {
+            0
+        },
         id,
     };
     match IN_FLIGHT.get_ptr_mut(tid) {
@@ -237,10 +242,12 @@ macro_rules! traced_syscall {
         #[tracepoint]
         pub fn $tp_enter(ctx: TracePointContext) -> u32 {
             // Only data syscalls have arg 1 at SYS_ENTER_BUF (fsync's record ends before it).
-            let buf = if $data {
-                field::<u64>(&ctx, SYS_ENTER_BUF)
-            } else {
-                0
+            let buf = || {
+                if $data {
+                    field::<u64>(&ctx, SYS_ENTER_BUF)
+                } else {
+                    0
+                }
             };
             enter(field::<u64>(&ctx, SYS_ENTER_FD), buf, $id)
         }
@@ -254,7 +261,7 @@ macro_rules! traced_syscall {
         pub fn $fentry(ctx: FEntryContext) -> u32 {
             let regs: *const u8 = ctx.arg(0);
             match fd_from_regs(regs) {
-                Some(fd) => enter(fd, buf_from_regs(regs, $data), $id),
+                Some(fd) => enter(fd, || buf_from_regs(regs, $data), $id),
                 None => 0,
             }
         }
@@ -271,7 +278,7 @@ macro_rules! traced_syscall {
                 return 0;
             };
             match fd_from_regs(regs) {
-                Some(fd) => enter(fd, buf_from_regs(regs, $data), $id),
+                Some(fd) => enter(fd, || buf_from_regs(regs, $data), $id),
                 None => 0,
             }
         }
