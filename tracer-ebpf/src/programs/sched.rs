@@ -29,8 +29,8 @@ use tracer_ebpf::{
 
 use super::{
     maps::{
-        STACK_SLOT_SWITCH, TGIDS, TIDS, add_target_tgid, add_target_tid, config, current,
-        current_target, emit, field, is_target_tgid, is_target_tid, now, read_kernel, stack_id,
+        STACK_SLOT_SWITCH, TGIDS, TIDS, add_target_tgid, add_target_tid, config, current, emit,
+        field, is_target_tgid, is_target_tid, now, read_kernel, stack_id,
     },
     syscalls::IN_FLIGHT,
 };
@@ -334,17 +334,24 @@ pub fn raw_sched_process_fork(ctx: RawTracePointContext) -> u32 {
 
 /// A thread of the target exits: forget it, so TIDS and IN_FLIGHT hold live threads only. In
 /// kernel-only mode, a target process's main thread (tid == tgid) takes the process out of
-/// TGIDS, said with PROCESS sub 1. (A process whose main thread exits before its other
-/// threads stops being traced then: `pthread_exit` from main; the proxies do not.)
+/// TGIDS, said with PROCESS sub 1; its other threads, should they exit after it (exit_group
+/// kills them in no set order), are still known by TIDS and forgotten too. (A process whose
+/// main thread exits long before the others, `pthread_exit` from main, stops being traced
+/// then; the proxies do not do that.)
 #[inline(always)]
 fn exit() -> u32 {
-    let Some((config, tgid, tid)) = current_target() else {
+    let Some(config) = config() else {
         return 0;
     };
+    let (tgid, tid) = current();
+    let kernel_only = config.flags & Config::KERNEL_ONLY != 0;
+    if !is_target_tgid(config, tgid) && !(kernel_only && is_target_tid(tid)) {
+        return 0;
+    }
     let _ = EXITED.insert(tid, 1, 0);
     let _ = TIDS.remove(tid);
     let _ = IN_FLIGHT.remove(tid);
-    if config.flags & Config::KERNEL_ONLY != 0 {
+    if kernel_only {
         if tid == tgid {
             if TGIDS.remove(tgid).is_ok() {
                 emit(now(), tid, kind::PROCESS, 1, [0; 3]);
