@@ -280,7 +280,7 @@ impl KernelOnlyRebuilder {
     fn decide(&mut self, output: Output) {
         let serial = output.serial();
         let (key_ts, outcome) = match output {
-            Output::Exchange(ex) => {
+            Output::Exchange(http::Exchange { request: ex, .. }) => {
                 let id = ex.key.unwrap_or(serial);
                 let done = ex
                     .syscalls
@@ -294,7 +294,7 @@ impl KernelOnlyRebuilder {
                 }
             }
             Output::Incomplete(inc) => {
-                let id = inc.key.unwrap_or(serial);
+                let id = inc.request.key.unwrap_or(serial);
                 (self.now, incomplete(id, &inc.reason.to_string()))
             }
         };
@@ -310,7 +310,7 @@ impl KernelOnlyRebuilder {
     }
 
     /// The exchange's milestones and parts.
-    fn record(&mut self, ex: &http::Exchange, id: u64) -> Result<RequestRecord, &'static str> {
+    fn record(&mut self, ex: &http::Request, id: u64) -> Result<RequestRecord, &'static str> {
         let first = |role: Role| {
             ex.syscalls
                 .iter()
