@@ -27,6 +27,17 @@ fn incomplete(outcomes: &[Outcome], req: u64) -> &str {
         .unwrap_or_else(|| panic!("request {req} not incomplete: {outcomes:?}"))
 }
 
+/// The request ids of `outcomes`, in their order, complete or not.
+fn ids(outcomes: &[Outcome]) -> Vec<u64> {
+    outcomes
+        .iter()
+        .map(|o| match o {
+            Outcome::Complete(r) => r.req_id,
+            Outcome::Incomplete(i) => i.req_id,
+        })
+        .collect()
+}
+
 /// Non-zero parts by name, for readable comparisons.
 fn parts(r: &RequestRecord) -> Vec<(&'static str, u64)> {
     assert_consistent(r);
@@ -108,6 +119,28 @@ fn conn(n: u64) -> Conn {
     }
 }
 
+/// Off-CPU time of `tid` after a [`Stream::switch_out`] (stack ids `[tid, tid + 1]`).
+fn switched_out(tid: u32, ns: u64, part: Part) -> OffCpu {
+    OffCpu {
+        tid,
+        ns,
+        kernel_stack: i64::from(tid),
+        user_stack: i64::from(tid) + 1,
+        part,
+    }
+}
+
+/// The writer's signing charged to a waiter: work, not a switch-out, so without stacks.
+fn writer_signing(ns: u64) -> OffCpu {
+    OffCpu {
+        tid: W,
+        ns,
+        kernel_stack: -1,
+        user_stack: -1,
+        part: Part::Signing,
+    }
+}
+
 fn sorted(mut expected: Vec<(&'static str, u64)>) -> Vec<(&'static str, u64)> {
     expected.sort_by_key(|(n, _)| Part::ALL.iter().position(|p| p.name() == *n));
     expected
@@ -135,17 +168,7 @@ fn interleaved_requests_on_two_workers() {
         "keep-alive: the next arrival after t_done"
     );
     // Ordered by t_done.
-    let ids: Vec<u64> = out
-        .iter()
-        .map(|o| {
-            if let Outcome::Complete(r) = o {
-                r.req_id
-            } else {
-                0
-            }
-        })
-        .collect();
-    assert_eq!(ids, vec![1, 2, 3]);
+    assert_eq!(ids(&out), vec![1, 2, 3]);
 }
 
 #[test]
@@ -225,22 +248,7 @@ fn one_fsync_serves_a_batch_of_three() {
         // Every waiter is charged the writer's fsync sleep and its signing.
         assert_eq!(
             r.offcpu,
-            vec![
-                OffCpu {
-                    tid: W,
-                    ns: 300,
-                    kernel_stack: -1,
-                    user_stack: -1,
-                    part: Part::Signing
-                },
-                OffCpu {
-                    tid: W,
-                    ns: 900,
-                    kernel_stack: 200,
-                    user_stack: 201,
-                    part: Part::LedgerFsync
-                },
-            ]
+            vec![writer_signing(300), switched_out(W, 900, Part::LedgerFsync)]
         );
         let fsync = r
             .slices
@@ -347,27 +355,9 @@ fn preemption_and_a_blocked_switch_out_during_a_poll() {
     assert_eq!(
         r.offcpu,
         vec![
-            OffCpu {
-                tid: 101,
-                ns: 100,
-                kernel_stack: 101,
-                user_stack: 102,
-                part: Part::Scheduling
-            },
-            OffCpu {
-                tid: 101,
-                ns: 100,
-                kernel_stack: 101,
-                user_stack: 102,
-                part: Part::BlockedOther
-            },
-            OffCpu {
-                tid: 101,
-                ns: 50,
-                kernel_stack: 101,
-                user_stack: 102,
-                part: Part::Scheduling
-            },
+            switched_out(101, 100, Part::Scheduling),
+            switched_out(101, 100, Part::BlockedOther),
+            switched_out(101, 50, Part::Scheduling),
         ]
     );
     assert_eq!(r.samples.len(), 1);
@@ -684,17 +674,10 @@ fn still_open_at_finish_is_incomplete_in_id_order() {
     let mut rb = fed(&s.events());
     assert_eq!(rb.open_requests(), 2);
     let out = rb.finish(2000);
-    let ids: Vec<u64> = out
-        .iter()
-        .map(|o| {
-            if let Outcome::Incomplete(i) = o {
-                i.req_id
-            } else {
-                0
-            }
-        })
-        .collect();
-    assert_eq!(ids, vec![7, 9]);
+    assert_eq!(ids(&out), vec![7, 9]);
+    for req in [7, 9] {
+        assert_eq!(incomplete(&out, req), "still open at end");
+    }
     assert_eq!(rb.open_requests(), 0);
 }
 
@@ -923,22 +906,7 @@ fn without_phase_sites_on_cpu_time_is_one_part() {
     assert_eq!(lean.offcpu, traced.offcpu);
     assert_eq!(
         lean.offcpu,
-        vec![
-            OffCpu {
-                tid: 101,
-                ns: 30,
-                kernel_stack: 101,
-                user_stack: 102,
-                part: Part::Scheduling
-            },
-            OffCpu {
-                tid: W,
-                ns: 100,
-                kernel_stack: -1,
-                user_stack: -1,
-                part: Part::Signing
-            },
-        ]
+        vec![switched_out(101, 30, Part::Scheduling), writer_signing(100)]
     );
     // The same slice boundaries except where a phase change cuts on-CPU time.
     let cuts = |r: &RequestRecord| -> Vec<(u64, u64, bool, u32)> {
@@ -1017,20 +985,8 @@ fn first_poll_starts_at_begin_and_last_ends_at_end() {
     assert_eq!(
         r.offcpu,
         vec![
-            OffCpu {
-                tid: 101,
-                ns: 30,
-                kernel_stack: 101,
-                user_stack: 102,
-                part: Part::Scheduling
-            },
-            OffCpu {
-                tid: 101,
-                ns: 20,
-                kernel_stack: 101,
-                user_stack: 102,
-                part: Part::Scheduling
-            },
+            switched_out(101, 30, Part::Scheduling),
+            switched_out(101, 20, Part::Scheduling),
         ]
     );
 }
