@@ -377,8 +377,7 @@ fn upstream_span_overrides_everything_inside_it() {
     read_and_begin(&mut s, 0, 101, 1, 10, 0xc1)
         .phase(1600, 101, 1, Phase::Upstream)
         // Sent from inside the poll on a pooled connection.
-        .sock_fd(1655, 101, 0xd1, 20)
-        .send(1650, 1660, 101, 20, 100)
+        .upstream_send(1650, 101, 0xd1, 20)
         .poll_exit(1700, 101, 1)
         // A spurious wake: polled again before the reply; still upstream time.
         .poll_enter(2000, 102, 1)
@@ -450,6 +449,20 @@ fn read_and_begin(s: &mut Stream, t0: u64, tid: u32, req: u64, fd: u64, sk: u64)
         .sock_fd(t0 + 1005, tid, sk, fd)
         .recv(t0 + 1000, t0 + 1010, tid, fd, 100)
         .request_begin(t0 + 1100, tid, req, fd)
+}
+
+/// Steps of the scenarios' streams.
+trait Steps {
+    /// `tid` sends 100 bytes on `fd` (socket `sk`, which the sock_fd at `t + 5` names) in
+    /// `[t, t + 10]`.
+    fn upstream_send(&mut self, t: u64, tid: u32, sk: u64, fd: u64) -> &mut Self;
+}
+
+impl Steps for Stream {
+    fn upstream_send(&mut self, t: u64, tid: u32, sk: u64, fd: u64) -> &mut Self {
+        self.sock_fd(t + 5, tid, sk, fd)
+            .send(t, t + 10, tid, fd, 100)
+    }
 }
 
 /// A fresh rebuilder fed `events` in order, not finished.
@@ -703,11 +716,8 @@ fn upstream_is_the_first_in_poll_send_on_a_non_client_socket() {
     // Lean requests (no phase sites). Request 1 on worker 101, client fd 10; request 2 on
     // worker 102, client fd 12; fd 11 is another accepted client connection.
     let mut s = Stream::new();
-    s.accept(900, 910, 99, 3, 11)
-        .data_ready(1000, 0xc1)
-        .sock_fd(1005, 101, 0xc1, 10)
-        .recv(1000, 1010, 101, 10, 100)
-        .request_begin(1100, 101, 1, 10)
+    s.accept(900, 910, 99, 3, 11);
+    read_and_begin(&mut s, 0, 101, 1, 10, 0xc1)
         // Inside poll 1, two sends on client sockets (sk known): a `100 Continue` on its
         // own connection, and a write to the other accepted connection. Neither is upstream.
         .send(1150, 1160, 101, 10, 25)
@@ -723,8 +733,7 @@ fn upstream_is_the_first_in_poll_send_on_a_non_client_socket() {
         .send(1550, 1560, 99, 23, 10)
         // Poll 2: the request's own upstream send on a pooled connection.
         .poll_enter(1600, 101, 1)
-        .sock_fd(1655, 101, 0xd1, 21)
-        .send(1650, 1660, 101, 21, 100)
+        .upstream_send(1650, 101, 0xd1, 21)
         .poll_exit(1700, 101, 1)
         .data_ready(2000, 0xd1)
         .poll_enter(2100, 101, 1)
@@ -736,8 +745,7 @@ fn upstream_is_the_first_in_poll_send_on_a_non_client_socket() {
         .sock_fd(1305, 102, 0xc3, 12)
         .recv(1300, 1310, 102, 12, 100)
         .request_begin(1350, 102, 2, 12)
-        .sock_fd(1405, 102, 0xd2, 20)
-        .send(1400, 1410, 102, 20, 100)
+        .upstream_send(1400, 102, 0xd2, 20)
         .poll_exit(1450, 102, 2)
         .data_ready(1800, 0xd2)
         .poll_enter(1900, 102, 2)
@@ -784,17 +792,13 @@ fn upstream_is_the_first_in_poll_send_on_a_non_client_socket() {
 fn reused_fd_stream(with_connect: bool) -> Stream {
     let mut s = Stream::new();
     simple(&mut s, 0, 1, 10, 0xc1);
-    s.data_ready(2000, 0xc2)
-        .sock_fd(2005, 101, 0xc2, 11)
-        .recv(2000, 2010, 101, 11, 100)
-        .request_begin(2100, 101, 2, 11);
+    read_and_begin(&mut s, 1000, 101, 2, 11, 0xc2);
     if with_connect {
         s.syscall(2200, 2210, 101, syscall::CONNECT, 10, EINPROGRESS);
     }
     s.poll_exit(2300, 101, 2)
         .poll_enter(2500, 101, 2)
-        .sock_fd(2555, 101, 0xd1, 10)
-        .send(2550, 2560, 101, 10, 100)
+        .upstream_send(2550, 101, 0xd1, 10)
         .poll_exit(2600, 101, 2)
         .data_ready(3000, 0xd1)
         .poll_enter(3100, 101, 2)
@@ -846,8 +850,7 @@ fn phases_stream(traced: bool) -> Stream {
     phase(&mut s, 1300, Phase::Scope);
     s.sample(1320, 101);
     phase(&mut s, 1350, Phase::Upstream);
-    s.sock_fd(1405, 101, 0xd1, 20)
-        .send(1400, 1410, 101, 20, 100)
+    s.upstream_send(1400, 101, 0xd1, 20)
         .poll_exit(1450, 101, 1)
         .data_ready(2000, 0xd1)
         .poll_enter(2100, 101, 1);
@@ -945,8 +948,7 @@ fn first_poll_starts_at_begin_and_last_ends_at_end() {
         .switch_out(1120, 101, true)
         .switch_in(1150, 101)
         .phase(1190, 101, 1, Phase::Upstream)
-        .sock_fd(1205, 101, 0xd1, 20)
-        .send(1200, 1210, 101, 20, 100)
+        .upstream_send(1200, 101, 0xd1, 20)
         .poll_exit(1300, 101, 1)
         .data_ready(1600, 0xd1)
         .poll_enter(1700, 101, 1)
