@@ -474,6 +474,18 @@ fn fed(events: &[Event]) -> Rebuilder {
     rb
 }
 
+/// A fresh rebuilder fed the `events` before `ts`, then whatever `between` does to it, then
+/// the rest of `events`.
+fn fed_around(events: &[Event], ts: u64, between: impl FnOnce(&mut Rebuilder)) -> Rebuilder {
+    let at = events.partition_point(|e| e.ts_ns < ts);
+    let mut rb = fed(&events[..at]);
+    between(&mut rb);
+    for ev in &events[at..] {
+        rb.push(ev);
+    }
+    rb
+}
+
 fn simple(s: &mut Stream, t0: u64, req: u64, fd: u64, sk: u64) {
     read_and_begin(s, t0, 101, req, fd, sk)
         .request_end(t0 + 1400, 101, req, 200)
@@ -526,16 +538,7 @@ fn loss_with_partial_events_attributes_nothing() {
 fn loss_before_a_begin_covers_a_later_request() {
     let mut s = Stream::new();
     simple(&mut s, 0, 1, 10, 0xc1);
-    let mut rb = Rebuilder::new();
-    let events = s.events();
-    let (before, after): (Vec<_>, Vec<_>) = events.iter().partition(|e| e.ts_ns < 1050);
-    for ev in before {
-        rb.push(ev);
-    }
-    rb.lost(1020, 1040);
-    for ev in after {
-        rb.push(ev);
-    }
+    let mut rb = fed_around(&s.events(), 1050, |rb| rb.lost(1020, 1040));
     assert_eq!(incomplete(&rb.finish(5000), 1), "events lost");
 }
 
@@ -1036,21 +1039,14 @@ fn a_sample_before_the_first_phase_site_is_parse_in_a_traced_request() {
 fn item12_late_event_is_a_loss_not_an_underflow() {
     let mut s = Stream::new();
     simple(&mut s, 0, 1, 10, 0xc1);
-    let mut rb = Rebuilder::new();
-    let events = s.events();
-    let (before, after): (Vec<_>, Vec<_>) = events.iter().partition(|e| e.ts_ns < 1300);
-    for ev in before {
-        rb.push(ev);
-    }
     // Thread 101 is preempted at 1250; its switch-in at 1200, on another CPU, arrives after.
     let mut sched = Stream::new();
     sched.switch_out(1250, 101, true).switch_in(1200, 101);
-    for ev in sched.events().iter().rev() {
-        rb.push(ev);
-    }
-    for ev in after {
-        rb.push(ev);
-    }
+    let mut rb = fed_around(&s.events(), 1300, |rb| {
+        for ev in sched.events().iter().rev() {
+            rb.push(ev);
+        }
+    });
     simple(&mut s, 10_000, 2, 11, 0xc2);
     for ev in s.events().iter().filter(|e| e.ts_ns >= 10_000) {
         rb.push(ev);
