@@ -298,6 +298,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::json::assert_rename_is_named;
 
     fn side(achieved_rate: f64, errors: &[(&str, u64)]) -> Side {
         Side {
@@ -517,15 +518,7 @@ mod tests {
     #[test]
     fn a_renamed_key_is_an_error_naming_it() {
         let text = std::fs::read_to_string(&committed()[0]).unwrap();
-        let renamed = text.replacen("\"receipts_at_end\"", "\"receipts_end\"", 1);
-        let err = serde_json::from_str::<Results>(&renamed)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("receipts_end"), "{err}");
-        let gate = text.replacen("\"PASS\"", "\"PASSED\"", 1);
-        let err = serde_json::from_str::<Results>(&gate)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("PASSED"), "{err}");
+        assert_rename_is_named::<Results>(&text, "receipts_at_end", "receipts_end");
+        assert_rename_is_named::<Results>(&text, "PASS", "PASSED");
     }
 }

@@ -94,6 +94,19 @@ impl Formatter for ThreeDecimals {
     }
 }
 
+/// Test support: `text` with its first `"from"` renamed `"to"` does not read as a `T`, and
+/// the error names `to`.
+#[cfg(test)]
+pub(crate) fn assert_rename_is_named<T: serde::de::DeserializeOwned + std::fmt::Debug>(
+    text: &str,
+    from: &str,
+    to: &str,
+) {
+    let renamed = text.replacen(&format!("\"{from}\""), &format!("\"{to}\""), 1);
+    let err = serde_json::from_str::<T>(&renamed).unwrap_err().to_string();
+    assert!(err.contains(to), "{err}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

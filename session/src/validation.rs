@@ -307,6 +307,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::json::assert_rename_is_named;
 
     fn committed() -> Vec<PathBuf> {
         let profiles = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
@@ -359,15 +360,7 @@ mod tests {
     #[test]
     fn a_renamed_key_is_an_error_naming_it() {
         let text = std::fs::read_to_string(&committed()[0]).unwrap();
-        let renamed = text.replacen("\"ratio_traced_untraced\"", "\"ratio_traced\"", 1);
-        let err = serde_json::from_str::<Validation>(&renamed)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("ratio_traced"), "{err}");
-        let missing = text.replacen("\"wall_time_s\"", "\"wall_time\"", 1);
-        let err = serde_json::from_str::<Validation>(&missing)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("wall_time"), "{err}");
+        assert_rename_is_named::<Validation>(&text, "ratio_traced_untraced", "ratio_traced");
+        assert_rename_is_named::<Validation>(&text, "wall_time_s", "wall_time");
     }
 }

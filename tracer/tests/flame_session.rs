@@ -9,9 +9,8 @@ use std::path::Path;
 use session::pictures::Pictures;
 use tracer::flame::trace_json::ThreadNames;
 use tracer::flame::{Bands, FlameSession};
-use tracer::requests::{
-    Hits, Holder, OffCpu, PARTS, Part, RequestRecord, Slice, StackSample, WaitCharge,
-};
+use tracer::requests::synthetic::wait_charge;
+use tracer::requests::{Hits, Holder, OffCpu, PARTS, Part, RequestRecord, Slice, StackSample};
 use tracer::symbolize::Symbolizer;
 use tracer_ebpf::sites::Phase;
 
@@ -113,22 +112,15 @@ fn record(i: u64) -> RequestRecord {
             },
         ],
         waits: Some(vec![
-            WaitCharge {
-                part: Part::Scheduling,
-                holder: Holder::Process(HOG),
-                ns: 6_000,
-                kernel_stack: -1,
-                user_stack: -1,
-            },
-            WaitCharge {
-                part: Part::Scheduling,
-                holder: Holder::Request {
+            wait_charge(Part::Scheduling, Holder::Process(HOG), 6_000, -1),
+            wait_charge(
+                Part::Scheduling,
+                Holder::Request {
                     phase: Some(Phase::Auth),
                 },
-                ns: 4_000,
-                kernel_stack: -1,
-                user_stack: TAIL_STACK,
-            },
+                4_000,
+                TAIL_STACK,
+            ),
         ]),
         hits: Hits::default(),
     }

@@ -27,6 +27,17 @@ fn incomplete(outcomes: &[Outcome], req: u64) -> &str {
         .unwrap_or_else(|| panic!("request {req} not incomplete: {outcomes:?}"))
 }
 
+/// The request ids of `outcomes`, in their order, complete or not.
+fn ids(outcomes: &[Outcome]) -> Vec<u64> {
+    outcomes
+        .iter()
+        .map(|o| match o {
+            Outcome::Complete(r) => r.req_id,
+            Outcome::Incomplete(i) => i.req_id,
+        })
+        .collect()
+}
+
 /// Non-zero parts by name, for readable comparisons.
 fn parts(r: &RequestRecord) -> Vec<(&'static str, u64)> {
     assert_consistent(r);
@@ -108,6 +119,28 @@ fn conn(n: u64) -> Conn {
     }
 }
 
+/// Off-CPU time of `tid` after a [`Stream::switch_out`] (stack ids `[tid, tid + 1]`).
+fn switched_out(tid: u32, ns: u64, part: Part) -> OffCpu {
+    OffCpu {
+        tid,
+        ns,
+        kernel_stack: i64::from(tid),
+        user_stack: i64::from(tid) + 1,
+        part,
+    }
+}
+
+/// The writer's signing charged to a waiter: work, not a switch-out, so without stacks.
+fn writer_signing(ns: u64) -> OffCpu {
+    OffCpu {
+        tid: W,
+        ns,
+        kernel_stack: -1,
+        user_stack: -1,
+        part: Part::Signing,
+    }
+}
+
 fn sorted(mut expected: Vec<(&'static str, u64)>) -> Vec<(&'static str, u64)> {
     expected.sort_by_key(|(n, _)| Part::ALL.iter().position(|p| p.name() == *n));
     expected
@@ -135,17 +168,7 @@ fn interleaved_requests_on_two_workers() {
         "keep-alive: the next arrival after t_done"
     );
     // Ordered by t_done.
-    let ids: Vec<u64> = out
-        .iter()
-        .map(|o| {
-            if let Outcome::Complete(r) = o {
-                r.req_id
-            } else {
-                0
-            }
-        })
-        .collect();
-    assert_eq!(ids, vec![1, 2, 3]);
+    assert_eq!(ids(&out), vec![1, 2, 3]);
 }
 
 #[test]
@@ -225,22 +248,7 @@ fn one_fsync_serves_a_batch_of_three() {
         // Every waiter is charged the writer's fsync sleep and its signing.
         assert_eq!(
             r.offcpu,
-            vec![
-                OffCpu {
-                    tid: W,
-                    ns: 300,
-                    kernel_stack: -1,
-                    user_stack: -1,
-                    part: Part::Signing
-                },
-                OffCpu {
-                    tid: W,
-                    ns: 900,
-                    kernel_stack: 200,
-                    user_stack: 201,
-                    part: Part::LedgerFsync
-                },
-            ]
+            vec![writer_signing(300), switched_out(W, 900, Part::LedgerFsync)]
         );
         let fsync = r
             .slices
@@ -347,27 +355,9 @@ fn preemption_and_a_blocked_switch_out_during_a_poll() {
     assert_eq!(
         r.offcpu,
         vec![
-            OffCpu {
-                tid: 101,
-                ns: 100,
-                kernel_stack: 101,
-                user_stack: 102,
-                part: Part::Scheduling
-            },
-            OffCpu {
-                tid: 101,
-                ns: 100,
-                kernel_stack: 101,
-                user_stack: 102,
-                part: Part::BlockedOther
-            },
-            OffCpu {
-                tid: 101,
-                ns: 50,
-                kernel_stack: 101,
-                user_stack: 102,
-                part: Part::Scheduling
-            },
+            switched_out(101, 100, Part::Scheduling),
+            switched_out(101, 100, Part::BlockedOther),
+            switched_out(101, 50, Part::Scheduling),
         ]
     );
     assert_eq!(r.samples.len(), 1);
@@ -387,8 +377,7 @@ fn upstream_span_overrides_everything_inside_it() {
     read_and_begin(&mut s, 0, 101, 1, 10, 0xc1)
         .phase(1600, 101, 1, Phase::Upstream)
         // Sent from inside the poll on a pooled connection.
-        .sock_fd(1655, 101, 0xd1, 20)
-        .send(1650, 1660, 101, 20, 100)
+        .upstream_send(1650, 101, 0xd1, 20)
         .poll_exit(1700, 101, 1)
         // A spurious wake: polled again before the reply; still upstream time.
         .poll_enter(2000, 102, 1)
@@ -462,10 +451,36 @@ fn read_and_begin(s: &mut Stream, t0: u64, tid: u32, req: u64, fd: u64, sk: u64)
         .request_begin(t0 + 1100, tid, req, fd)
 }
 
+/// Steps of the scenarios' streams.
+trait Steps {
+    /// `tid` sends 100 bytes on `fd` (socket `sk`, which the sock_fd at `t + 5` names) in
+    /// `[t, t + 10]`.
+    fn upstream_send(&mut self, t: u64, tid: u32, sk: u64, fd: u64) -> &mut Self;
+}
+
+impl Steps for Stream {
+    fn upstream_send(&mut self, t: u64, tid: u32, sk: u64, fd: u64) -> &mut Self {
+        self.sock_fd(t + 5, tid, sk, fd)
+            .send(t, t + 10, tid, fd, 100)
+    }
+}
+
 /// A fresh rebuilder fed `events` in order, not finished.
 fn fed(events: &[Event]) -> Rebuilder {
     let mut rb = Rebuilder::new();
     for ev in events {
+        rb.push(ev);
+    }
+    rb
+}
+
+/// A fresh rebuilder fed the `events` before `ts`, then whatever `between` does to it, then
+/// the rest of `events`.
+fn fed_around(events: &[Event], ts: u64, between: impl FnOnce(&mut Rebuilder)) -> Rebuilder {
+    let at = events.partition_point(|e| e.ts_ns < ts);
+    let mut rb = fed(&events[..at]);
+    between(&mut rb);
+    for ev in &events[at..] {
         rb.push(ev);
     }
     rb
@@ -523,16 +538,7 @@ fn loss_with_partial_events_attributes_nothing() {
 fn loss_before_a_begin_covers_a_later_request() {
     let mut s = Stream::new();
     simple(&mut s, 0, 1, 10, 0xc1);
-    let mut rb = Rebuilder::new();
-    let events = s.events();
-    let (before, after): (Vec<_>, Vec<_>) = events.iter().partition(|e| e.ts_ns < 1050);
-    for ev in before {
-        rb.push(ev);
-    }
-    rb.lost(1020, 1040);
-    for ev in after {
-        rb.push(ev);
-    }
+    let mut rb = fed_around(&s.events(), 1050, |rb| rb.lost(1020, 1040));
     assert_eq!(incomplete(&rb.finish(5000), 1), "events lost");
 }
 
@@ -684,17 +690,10 @@ fn still_open_at_finish_is_incomplete_in_id_order() {
     let mut rb = fed(&s.events());
     assert_eq!(rb.open_requests(), 2);
     let out = rb.finish(2000);
-    let ids: Vec<u64> = out
-        .iter()
-        .map(|o| {
-            if let Outcome::Incomplete(i) = o {
-                i.req_id
-            } else {
-                0
-            }
-        })
-        .collect();
-    assert_eq!(ids, vec![7, 9]);
+    assert_eq!(ids(&out), vec![7, 9]);
+    for req in [7, 9] {
+        assert_eq!(incomplete(&out, req), "still open at end");
+    }
     assert_eq!(rb.open_requests(), 0);
 }
 
@@ -720,11 +719,8 @@ fn upstream_is_the_first_in_poll_send_on_a_non_client_socket() {
     // Lean requests (no phase sites). Request 1 on worker 101, client fd 10; request 2 on
     // worker 102, client fd 12; fd 11 is another accepted client connection.
     let mut s = Stream::new();
-    s.accept(900, 910, 99, 3, 11)
-        .data_ready(1000, 0xc1)
-        .sock_fd(1005, 101, 0xc1, 10)
-        .recv(1000, 1010, 101, 10, 100)
-        .request_begin(1100, 101, 1, 10)
+    s.accept(900, 910, 99, 3, 11);
+    read_and_begin(&mut s, 0, 101, 1, 10, 0xc1)
         // Inside poll 1, two sends on client sockets (sk known): a `100 Continue` on its
         // own connection, and a write to the other accepted connection. Neither is upstream.
         .send(1150, 1160, 101, 10, 25)
@@ -740,8 +736,7 @@ fn upstream_is_the_first_in_poll_send_on_a_non_client_socket() {
         .send(1550, 1560, 99, 23, 10)
         // Poll 2: the request's own upstream send on a pooled connection.
         .poll_enter(1600, 101, 1)
-        .sock_fd(1655, 101, 0xd1, 21)
-        .send(1650, 1660, 101, 21, 100)
+        .upstream_send(1650, 101, 0xd1, 21)
         .poll_exit(1700, 101, 1)
         .data_ready(2000, 0xd1)
         .poll_enter(2100, 101, 1)
@@ -753,8 +748,7 @@ fn upstream_is_the_first_in_poll_send_on_a_non_client_socket() {
         .sock_fd(1305, 102, 0xc3, 12)
         .recv(1300, 1310, 102, 12, 100)
         .request_begin(1350, 102, 2, 12)
-        .sock_fd(1405, 102, 0xd2, 20)
-        .send(1400, 1410, 102, 20, 100)
+        .upstream_send(1400, 102, 0xd2, 20)
         .poll_exit(1450, 102, 2)
         .data_ready(1800, 0xd2)
         .poll_enter(1900, 102, 2)
@@ -801,17 +795,13 @@ fn upstream_is_the_first_in_poll_send_on_a_non_client_socket() {
 fn reused_fd_stream(with_connect: bool) -> Stream {
     let mut s = Stream::new();
     simple(&mut s, 0, 1, 10, 0xc1);
-    s.data_ready(2000, 0xc2)
-        .sock_fd(2005, 101, 0xc2, 11)
-        .recv(2000, 2010, 101, 11, 100)
-        .request_begin(2100, 101, 2, 11);
+    read_and_begin(&mut s, 1000, 101, 2, 11, 0xc2);
     if with_connect {
         s.syscall(2200, 2210, 101, syscall::CONNECT, 10, EINPROGRESS);
     }
     s.poll_exit(2300, 101, 2)
         .poll_enter(2500, 101, 2)
-        .sock_fd(2555, 101, 0xd1, 10)
-        .send(2550, 2560, 101, 10, 100)
+        .upstream_send(2550, 101, 0xd1, 10)
         .poll_exit(2600, 101, 2)
         .data_ready(3000, 0xd1)
         .poll_enter(3100, 101, 2)
@@ -863,8 +853,7 @@ fn phases_stream(traced: bool) -> Stream {
     phase(&mut s, 1300, Phase::Scope);
     s.sample(1320, 101);
     phase(&mut s, 1350, Phase::Upstream);
-    s.sock_fd(1405, 101, 0xd1, 20)
-        .send(1400, 1410, 101, 20, 100)
+    s.upstream_send(1400, 101, 0xd1, 20)
         .poll_exit(1450, 101, 1)
         .data_ready(2000, 0xd1)
         .poll_enter(2100, 101, 1);
@@ -923,22 +912,7 @@ fn without_phase_sites_on_cpu_time_is_one_part() {
     assert_eq!(lean.offcpu, traced.offcpu);
     assert_eq!(
         lean.offcpu,
-        vec![
-            OffCpu {
-                tid: 101,
-                ns: 30,
-                kernel_stack: 101,
-                user_stack: 102,
-                part: Part::Scheduling
-            },
-            OffCpu {
-                tid: W,
-                ns: 100,
-                kernel_stack: -1,
-                user_stack: -1,
-                part: Part::Signing
-            },
-        ]
+        vec![switched_out(101, 30, Part::Scheduling), writer_signing(100)]
     );
     // The same slice boundaries except where a phase change cuts on-CPU time.
     let cuts = |r: &RequestRecord| -> Vec<(u64, u64, bool, u32)> {
@@ -977,8 +951,7 @@ fn first_poll_starts_at_begin_and_last_ends_at_end() {
         .switch_out(1120, 101, true)
         .switch_in(1150, 101)
         .phase(1190, 101, 1, Phase::Upstream)
-        .sock_fd(1205, 101, 0xd1, 20)
-        .send(1200, 1210, 101, 20, 100)
+        .upstream_send(1200, 101, 0xd1, 20)
         .poll_exit(1300, 101, 1)
         .data_ready(1600, 0xd1)
         .poll_enter(1700, 101, 1)
@@ -1017,20 +990,8 @@ fn first_poll_starts_at_begin_and_last_ends_at_end() {
     assert_eq!(
         r.offcpu,
         vec![
-            OffCpu {
-                tid: 101,
-                ns: 30,
-                kernel_stack: 101,
-                user_stack: 102,
-                part: Part::Scheduling
-            },
-            OffCpu {
-                tid: 101,
-                ns: 20,
-                kernel_stack: 101,
-                user_stack: 102,
-                part: Part::Scheduling
-            },
+            switched_out(101, 30, Part::Scheduling),
+            switched_out(101, 20, Part::Scheduling),
         ]
     );
 }
@@ -1078,21 +1039,14 @@ fn a_sample_before_the_first_phase_site_is_parse_in_a_traced_request() {
 fn item12_late_event_is_a_loss_not_an_underflow() {
     let mut s = Stream::new();
     simple(&mut s, 0, 1, 10, 0xc1);
-    let mut rb = Rebuilder::new();
-    let events = s.events();
-    let (before, after): (Vec<_>, Vec<_>) = events.iter().partition(|e| e.ts_ns < 1300);
-    for ev in before {
-        rb.push(ev);
-    }
     // Thread 101 is preempted at 1250; its switch-in at 1200, on another CPU, arrives after.
     let mut sched = Stream::new();
     sched.switch_out(1250, 101, true).switch_in(1200, 101);
-    for ev in sched.events().iter().rev() {
-        rb.push(ev);
-    }
-    for ev in after {
-        rb.push(ev);
-    }
+    let mut rb = fed_around(&s.events(), 1300, |rb| {
+        for ev in sched.events().iter().rev() {
+            rb.push(ev);
+        }
+    });
     simple(&mut s, 10_000, 2, 11, 0xc2);
     for ev in s.events().iter().filter(|e| e.ts_ns >= 10_000) {
         rb.push(ev);

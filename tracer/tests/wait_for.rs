@@ -11,6 +11,22 @@ const W: u32 = 200; // the ledger writer
 const HOG: u32 = 4242; // a process outside the gateway
 const CPU: u32 = 0;
 
+/// The streams' common lead-in.
+trait Lead {
+    /// Request 1 arrives on socket 0xc1 (the worker's fd 10) at 1000, is read at 1010 and
+    /// begins at 1100.
+    fn request_1_begins(&mut self) -> &mut Self;
+}
+
+impl Lead for Stream {
+    fn request_1_begins(&mut self) -> &mut Self {
+        self.data_ready(1000, 0xc1)
+            .sock_fd(1015, WORKER, 0xc1, 10)
+            .recv(1010, 1020, WORKER, 10, 100)
+            .request_begin(1100, WORKER, 1, 10)
+    }
+}
+
 /// ns charged to each holder for `part`, largest first.
 fn charged(r: &RequestRecord, part: Part) -> Vec<(Holder, u64)> {
     let mut by: Vec<(Holder, u64)> = Vec::new();
@@ -41,10 +57,7 @@ fn assert_covers(r: &RequestRecord, part: Part) {
 fn preempted_by_hog() -> Stream {
     let mut s = Stream::new();
     s.switch_in_on(900, WORKER, CPU)
-        .data_ready(1000, 0xc1)
-        .sock_fd(1015, WORKER, 0xc1, 10)
-        .recv(1010, 1020, WORKER, 10, 100)
-        .request_begin(1100, WORKER, 1, 10)
+        .request_1_begins()
         .switch_to(1200, WORKER, true, HOG, CPU)
         .task_name(1200, HOG, "hog")
         .switch_in_on(1500, WORKER, CPU)
@@ -151,10 +164,7 @@ fn the_writer_holds_the_cpu_then_it_is_idle() {
     // comes 50 ns after the CPU went idle.
     let mut s = Stream::new();
     s.switch_in_on(900, WORKER, CPU)
-        .data_ready(1000, 0xc1)
-        .sock_fd(1015, WORKER, 0xc1, 10)
-        .recv(1010, 1020, WORKER, 10, 100)
-        .request_begin(1100, WORKER, 1, 10)
+        .request_1_begins()
         .phase(1300, WORKER, 1, Phase::ReceiptWait)
         .ledger_enqueue(1400, WORKER, 1)
         .switch_to(1450, WORKER, true, W, CPU)
@@ -201,10 +211,7 @@ fn a_receipt_wait_names_what_delayed_the_writer() {
     // fsyncs without sleeping and makes the receipt durable.
     let mut s = Stream::new();
     s.switch_in_on(900, WORKER, CPU)
-        .data_ready(1000, 0xc1)
-        .sock_fd(1015, WORKER, 0xc1, 10)
-        .recv(1010, 1020, WORKER, 10, 100)
-        .request_begin(1100, WORKER, 1, 10)
+        .request_1_begins()
         .ledger_enqueue(1400, WORKER, 1)
         .poll_exit(1500, WORKER, 1)
         .switch_to(1500, WORKER, false, W, CPU)
@@ -244,10 +251,7 @@ fn a_receipt_wait_names_what_delayed_the_writer() {
 #[test]
 fn an_unseen_cpu_is_charged_as_unknown_not_guessed() {
     let mut s = Stream::new();
-    s.data_ready(1000, 0xc1)
-        .sock_fd(1015, WORKER, 0xc1, 10)
-        .recv(1010, 1020, WORKER, 10, 100)
-        .request_begin(1100, WORKER, 1, 10)
+    s.request_1_begins()
         .request_end(1600, WORKER, 1, 200)
         .send(1700, 1710, WORKER, 10, 100);
     let out = s.rebuild();

@@ -134,16 +134,18 @@ impl<'a> ResultsMd<'a> {
             .collect()
     }
 
-    fn open_added_p50(&self) -> String {
+    /// `{delay} ms {load}: {what}` for each open row `what` has something for, joined by ", ".
+    fn per_open_row(&self, what: impl Fn(&Row) -> Option<String>) -> String {
         let list: Vec<String> = self
             .open()
             .iter()
-            .filter_map(|row| {
-                let p50 = row.added.as_ref()?.p50_us;
-                Some(format!("{} ms {}: {p50:.0} µs", row.delay_ms, row.load))
-            })
+            .filter_map(|row| Some(format!("{} ms {}: {}", row.delay_ms, row.load, what(row)?)))
             .collect();
         list.join(", ")
+    }
+
+    fn open_added_p50(&self) -> String {
+        self.per_open_row(|row| Some(format!("{:.0} µs", row.added.as_ref()?.p50_us)))
     }
 
     /// Per upstream delay: the loads, the gateway p99s, and whether they grow with the load.
@@ -167,17 +169,7 @@ impl<'a> ResultsMd<'a> {
     }
 
     fn direct_p99s(&self) -> String {
-        let list: Vec<String> = self
-            .open()
-            .iter()
-            .map(|row| {
-                format!(
-                    "{} ms {}: {:.0} µs",
-                    row.delay_ms, row.load, row.direct.p99_us
-                )
-            })
-            .collect();
-        list.join(", ")
+        self.per_open_row(|row| Some(format!("{:.0} µs", row.direct.p99_us)))
     }
 
     /// Open-loop rows whose direct p99 alone exceeds the upstream delay by more than the gate.
@@ -190,37 +182,22 @@ impl<'a> ResultsMd<'a> {
     }
 
     fn drift(&self) -> String {
-        let list: Vec<String> = self
-            .open()
-            .iter()
-            .filter_map(|row| {
-                let (first, last) = (
-                    row.gateway.p50_first_third_us?,
-                    row.gateway.p50_last_third_us?,
-                );
-                Some(format!(
-                    "{} ms {}: {first:.0} → {last:.0} µs",
-                    row.delay_ms, row.load
-                ))
-            })
-            .collect();
-        list.join(", ")
+        self.per_open_row(|row| {
+            let (first, last) = (
+                row.gateway.p50_first_third_us?,
+                row.gateway.p50_last_third_us?,
+            );
+            Some(format!("{first:.0} → {last:.0} µs"))
+        })
     }
 
     fn send_lags(&self) -> String {
-        let list: Vec<String> = self
-            .open()
-            .iter()
-            .map(|row| {
-                format!(
-                    "{} ms {}: {} / {} µs",
-                    row.delay_ms,
-                    row.load,
-                    fixed(row.gateway.send_lag_p99_us, 0),
-                    fixed(row.direct.send_lag_p99_us, 0)
-                )
-            })
-            .collect();
-        list.join(", ")
+        self.per_open_row(|row| {
+            Some(format!(
+                "{} / {} µs",
+                fixed(row.gateway.send_lag_p99_us, 0),
+                fixed(row.direct.send_lag_p99_us, 0)
+            ))
+        })
     }
 }

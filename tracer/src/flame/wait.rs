@@ -160,18 +160,9 @@ impl WaitCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::requests::{Hits, PARTS, WaitCharge};
+    use crate::requests::synthetic::wait_charge;
+    use crate::requests::{Hits, PARTS};
     use crate::symbolize::ProcessMaps;
-
-    fn charge(part: Part, holder: Holder, ns: u64, user_stack: i64) -> WaitCharge {
-        WaitCharge {
-            part,
-            holder,
-            ns,
-            kernel_stack: -1,
-            user_stack,
-        }
-    }
 
     #[test]
     fn scheduling_is_folded_and_the_receipt_only_tabled() {
@@ -188,10 +179,10 @@ mod tests {
             samples: vec![],
             offcpu: vec![],
             waits: Some(vec![
-                charge(Part::Scheduling, Holder::Process(42), 60, -1),
-                charge(Part::Scheduling, Holder::Request { phase: None }, 30, 7),
-                charge(Part::Scheduling, Holder::Idle, 10, -1),
-                charge(Part::LedgerOther, Holder::Writer(WriterWork::Other), 7, -1),
+                wait_charge(Part::Scheduling, Holder::Process(42), 60, -1),
+                wait_charge(Part::Scheduling, Holder::Request { phase: None }, 30, 7),
+                wait_charge(Part::Scheduling, Holder::Idle, 10, -1),
+                wait_charge(Part::LedgerOther, Holder::Writer(WriterWork::Other), 7, -1),
             ]),
             hits: Hits::default(),
         };

@@ -104,14 +104,14 @@ pub struct Syscall {
     pub len: u64,
 }
 
-/// A proxied request whose client response's last byte was sent.
+/// What the joiner knows of a proxied request, whether it ended as an [`Exchange`] or as an
+/// [`Incomplete`] (then as far as it was known).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Exchange {
-    /// Unique per [`Joiner`], given when the client request's header block was parsed; what
-    /// [`Assignment::To`] names.
+pub struct Request {
+    /// Unique per [`Joiner`], given when the client request's header block was parsed (or, for
+    /// an unjoined upstream request, when it was); what [`Assignment::To`] names.
     pub serial: u64,
     pub tgid: u32,
-    pub client_fd: u32,
     /// The upstream connection its request was sent on (the last one, when the proxy retried
     /// it on another: `syscalls` then hold both attempts); `None` when the proxy answered by
     /// itself (no upstream request joined it).
@@ -131,24 +131,45 @@ pub struct Exchange {
     pub syscalls: Vec<Syscall>,
 }
 
+impl Request {
+    /// A request whose header block was just parsed: no upstream, status or syscall yet.
+    fn parsed(
+        serial: u64,
+        tgid: u32,
+        method: String,
+        target: String,
+        request_id: Option<String>,
+    ) -> Self {
+        Request {
+            serial,
+            tgid,
+            upstream_fd: None,
+            key: request_id.as_deref().map(id_key),
+            request_id,
+            method,
+            target,
+            status: None,
+            upstream_status: None,
+            syscalls: Vec::new(),
+        }
+    }
+}
+
+/// A proxied request whose client response's last byte was sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exchange {
+    pub client_fd: u32,
+    pub request: Request,
+}
+
 /// A client request (or an unjoined upstream request) that did not end as an [`Exchange`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Incomplete {
     pub reason: Reason,
-    /// The fields as far as they were known; `client_fd == None` only for
-    /// [`Reason::NotJoined`] (an upstream request, `syscalls` holding its sends). Its
-    /// `serial` is fresh in that case too.
-    pub serial: u64,
-    pub tgid: u32,
+    /// `None` only for [`Reason::NotJoined`] (an upstream request, the request's `syscalls`
+    /// holding its sends).
     pub client_fd: Option<u32>,
-    pub upstream_fd: Option<u32>,
-    pub request_id: Option<String>,
-    pub key: Option<u64>,
-    pub method: String,
-    pub target: String,
-    pub status: Option<u16>,
-    pub upstream_status: Option<u16>,
-    pub syscalls: Vec<Syscall>,
+    pub request: Request,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -246,8 +267,8 @@ impl Unsupported {
 impl Output {
     pub fn serial(&self) -> u64 {
         match self {
-            Output::Exchange(e) => e.serial,
-            Output::Incomplete(i) => i.serial,
+            Output::Exchange(e) => e.request.serial,
+            Output::Incomplete(i) => i.request.serial,
         }
     }
 }
@@ -599,13 +620,14 @@ impl Joiner {
     fn attach(&mut self, s: u64, call: &Syscall, answer: &mut Assignment) {
         if let Some(o) = self.open.get_mut(&s) {
             if !o
+                .request
                 .syscalls
                 .iter()
                 .rev()
                 .take(4)
                 .any(|c| c.seq == call.seq && c.role == call.role)
             {
-                o.syscalls.push(call.clone());
+                o.request.syscalls.push(call.clone());
             }
             o.last_ns = o.last_ns.max(call.exit_ns);
             if matches!(answer, Assignment::None | Assignment::Deferred) {
@@ -663,11 +685,11 @@ impl Joiner {
                     return Ok((None, body.response_framing(status, false, false)?));
                 };
                 conn.send_owner = Some(s);
-                let o = self.open.get_mut(&s).expect("live");
+                let r = &mut self.open.get_mut(&s).expect("live").request;
                 let framing =
-                    body.response_framing(status, o.method == "HEAD", o.method == "CONNECT")?;
+                    body.response_framing(status, r.method == "HEAD", r.method == "CONNECT")?;
                 if framing != Framing::Interim {
-                    o.status = Some(status);
+                    r.status = Some(status);
                 }
                 Ok((Some(s), framing))
             }
@@ -681,11 +703,11 @@ impl Joiner {
                 conn.connect = method == "CONNECT";
                 match self.join(d.tgid, &method, &target, head.request_id.as_deref()) {
                     Ok(s) => {
-                        let o = self.open.get_mut(&s).expect("pending is open");
-                        o.upstream_fd = Some(d.fd);
-                        if o.request_id.is_none() {
-                            o.key = head.request_id.as_deref().map(id_key);
-                            o.request_id = head.request_id;
+                        let r = &mut self.open.get_mut(&s).expect("pending is open").request;
+                        r.upstream_fd = Some(d.fd);
+                        if r.request_id.is_none() {
+                            r.key = head.request_id.as_deref().map(id_key);
+                            r.request_id = head.request_id;
                         }
                         conn.current = Some(s);
                         conn.send_owner = Some(s);
@@ -699,17 +721,18 @@ impl Joiner {
                         self.ended_at_head = Some(self.serial);
                         self.out.push(Output::Incomplete(Incomplete {
                             reason: Reason::NotJoined(failure),
-                            serial: self.serial,
-                            tgid: d.tgid,
                             client_fd: None,
-                            upstream_fd: Some(d.fd),
-                            key: head.request_id.as_deref().map(id_key),
-                            request_id: head.request_id,
-                            method,
-                            target,
-                            status: None,
-                            upstream_status: None,
-                            syscalls: calls.to_vec(),
+                            request: Request {
+                                upstream_fd: Some(d.fd),
+                                syscalls: calls.to_vec(),
+                                ..Request::parsed(
+                                    self.serial,
+                                    d.tgid,
+                                    method,
+                                    target,
+                                    head.request_id,
+                                )
+                            },
                         }));
                         Ok((None, framing))
                     }
@@ -722,7 +745,7 @@ impl Joiner {
                 if framing != Framing::Interim
                     && let Some(o) = owner.and_then(|s| self.open.get_mut(&s))
                 {
-                    o.upstream_status = Some(status);
+                    o.request.upstream_status = Some(status);
                 }
                 if framing == Framing::Upgrade {
                     // The client response (101 or 2xx) finishes the exchange, not this.
@@ -757,17 +780,8 @@ impl Joiner {
         self.open.insert(
             s,
             Open {
-                serial: s,
-                tgid: d.tgid,
                 client_fd: d.fd,
-                upstream_fd: None,
-                key: request_id.as_deref().map(id_key),
-                request_id,
-                method,
-                target,
-                status: None,
-                upstream_status: None,
-                syscalls: Vec::new(),
+                request: Request::parsed(s, d.tgid, method, target, request_id),
                 last_ns: d.exit_ns,
                 until_close: false,
             },
@@ -798,13 +812,14 @@ impl Joiner {
             && let Some(s) = self
                 .open
                 .values()
-                .filter(|o| {
-                    o.tgid == tgid
-                        && o.upstream_fd.is_some()
-                        && o.status.is_none()
-                        && o.request_id.as_deref() == Some(id)
+                .map(|o| &o.request)
+                .filter(|r| {
+                    r.tgid == tgid
+                        && r.upstream_fd.is_some()
+                        && r.status.is_none()
+                        && r.request_id.as_deref() == Some(id)
                 })
-                .map(|o| o.serial)
+                .map(|r| r.serial)
                 .min()
         {
             // A retry (nginx's proxy_next_upstream): the same request again, on another
@@ -818,7 +833,7 @@ impl Joiner {
             .map(|q| {
                 q.iter()
                     .copied()
-                    .filter(|s| self.open[s].request_id.is_none())
+                    .filter(|s| self.open[s].request.request_id.is_none())
                     .collect()
             })
             .unwrap_or_default();
@@ -835,9 +850,11 @@ impl Joiner {
 
     /// Removes `s` from the pending client requests (if there).
     fn unpend(&mut self, s: u64) {
-        let Some(o) = self.open.get(&s) else { return };
-        if let Some(id) = &o.request_id {
-            let k = (o.tgid, id.clone());
+        let Some(r) = self.open.get(&s).map(|o| &o.request) else {
+            return;
+        };
+        if let Some(id) = &r.request_id {
+            let k = (r.tgid, id.clone());
             if let Some(q) = self.by_id.get_mut(&k) {
                 q.retain(|&x| x != s);
                 if q.is_empty() {
@@ -845,7 +862,7 @@ impl Joiner {
                 }
             }
         }
-        let k = (o.tgid, o.method.clone(), o.target.clone());
+        let k = (r.tgid, r.method.clone(), r.target.clone());
         if let Some(q) = self.by_line.get_mut(&k) {
             q.retain(|&x| x != s);
             if q.is_empty() {
@@ -861,7 +878,7 @@ impl Joiner {
             (Kind::Client, Direction::Send) => {
                 let owner = conn.send_owner.take();
                 if let Some(s) = self.live(owner)
-                    && self.open[&s].status.is_some()
+                    && self.open[&s].request.status.is_some()
                 {
                     self.end(s, None);
                     conn.current = None;
@@ -887,34 +904,16 @@ impl Joiner {
             None => {
                 self.counts.exchanges += 1;
                 Output::Exchange(Exchange {
-                    serial: o.serial,
-                    tgid: o.tgid,
                     client_fd: o.client_fd,
-                    upstream_fd: o.upstream_fd,
-                    request_id: o.request_id,
-                    key: o.key,
-                    method: o.method,
-                    target: o.target,
-                    status: o.status,
-                    upstream_status: o.upstream_status,
-                    syscalls: o.syscalls,
+                    request: o.request,
                 })
             }
             Some(reason) => {
                 self.counts.incompletes += 1;
                 Output::Incomplete(Incomplete {
                     reason,
-                    serial: o.serial,
-                    tgid: o.tgid,
                     client_fd: Some(o.client_fd),
-                    upstream_fd: o.upstream_fd,
-                    request_id: o.request_id,
-                    key: o.key,
-                    method: o.method,
-                    target: o.target,
-                    status: o.status,
-                    upstream_status: o.upstream_status,
-                    syscalls: o.syscalls,
+                    request: o.request,
                 })
             }
         });
@@ -926,7 +925,7 @@ impl Joiner {
             .open
             .values()
             .filter(|o| o.last_ns.saturating_add(RESPONSE_TIMEOUT_NS) < now)
-            .map(|o| o.serial)
+            .map(|o| o.request.serial)
             .collect();
         expired.sort_unstable();
         for s in expired {
@@ -949,17 +948,8 @@ impl Joiner {
 
 /// An exchange whose client request was parsed and whose client response is not finished.
 struct Open {
-    serial: u64,
-    tgid: u32,
     client_fd: u32,
-    upstream_fd: Option<u32>,
-    request_id: Option<String>,
-    key: Option<u64>,
-    method: String,
-    target: String,
-    status: Option<u16>,
-    upstream_status: Option<u16>,
-    syscalls: Vec<Syscall>,
+    request: Request,
     /// Exit of its last syscall.
     last_ns: u64,
     /// Its client response is close-delimited and under way: it ends when the connection is
@@ -1480,6 +1470,13 @@ mod tests {
                 .collect()
         }
 
+        /// The one exchange out; fails listing the outputs when there is not exactly one.
+        fn only_exchange(&self) -> &Exchange {
+            let e = self.exchanges();
+            assert_eq!(e.len(), 1, "{:?}", self.out);
+            e[0]
+        }
+
         fn incompletes(&self) -> Vec<&Incomplete> {
             self.out
                 .iter()
@@ -1535,8 +1532,16 @@ mod tests {
         b
     }
 
-    fn roles(e: &Exchange) -> Vec<Role> {
-        e.syscalls.iter().map(|c| c.role).collect()
+    fn roles(r: &Request) -> Vec<Role> {
+        r.syscalls.iter().map(|c| c.role).collect()
+    }
+
+    /// The answer for a record of `r`'s in `role`.
+    fn to(r: &Request, role: Role) -> Assignment {
+        Assignment::To {
+            serial: r.serial,
+            role,
+        }
     }
 
     use Role::*;
@@ -1576,16 +1581,15 @@ mod tests {
         let s = resp(200, &[b'y'; 144]);
         let a3 = sim.recv(16, &s);
         let a4 = sim.send(3, &s);
-        let e = sim.exchanges();
-        assert_eq!(e.len(), 1, "{:?}", sim.out);
-        let e = e[0];
-        assert_eq!((e.tgid, e.client_fd, e.upstream_fd), (PID, 3, Some(16)));
-        assert_eq!(e.request_id.as_deref(), Some("1796273436132279"));
-        assert_eq!(e.key, Some(1796273436132279));
-        assert_eq!((e.method.as_str(), e.target.as_str()), ("POST", "/echo"));
-        assert_eq!((e.status, e.upstream_status), (Some(200), Some(200)));
+        let e = sim.only_exchange();
+        let r = &e.request;
+        assert_eq!((r.tgid, e.client_fd, r.upstream_fd), (PID, 3, Some(16)));
+        assert_eq!(r.request_id.as_deref(), Some("1796273436132279"));
+        assert_eq!(r.key, Some(1796273436132279));
+        assert_eq!((r.method.as_str(), r.target.as_str()), ("POST", "/echo"));
+        assert_eq!((r.status, r.upstream_status), (Some(200), Some(200)));
         assert_eq!(
-            roles(e),
+            roles(r),
             [
                 ClientRequest,
                 UpstreamRequest,
@@ -1593,19 +1597,15 @@ mod tests {
                 ClientResponse
             ]
         );
-        assert_eq!(e.syscalls[0].seq, 1);
-        assert_eq!(e.syscalls[1].seq, 3);
-        let to = |role| Assignment::To {
-            serial: e.serial,
-            role,
-        };
+        assert_eq!(r.syscalls[0].seq, 1);
+        assert_eq!(r.syscalls[1].seq, 3);
         assert_eq!(
             [a1, a2, a3, a4],
             [
-                to(ClientRequest),
-                to(UpstreamRequest),
-                to(UpstreamResponse),
-                to(ClientResponse)
+                to(r, ClientRequest),
+                to(r, UpstreamRequest),
+                to(r, UpstreamResponse),
+                to(r, ClientResponse)
             ]
         );
         assert!(sim.incompletes().is_empty());
@@ -1622,11 +1622,11 @@ mod tests {
         let e = sim.exchanges();
         assert_eq!(e.len(), 5);
         for (i, e) in e.iter().enumerate() {
-            assert_eq!(e.request_id, Some(format!("id-{i}")));
-            assert_eq!(e.key, Some(id_key(&format!("id-{i}"))));
-            assert_eq!((e.client_fd, e.upstream_fd), (3, Some(6)));
+            assert_eq!(e.request.request_id, Some(format!("id-{i}")));
+            assert_eq!(e.request.key, Some(id_key(&format!("id-{i}"))));
+            assert_eq!((e.client_fd, e.request.upstream_fd), (3, Some(6)));
             assert_eq!(
-                roles(e),
+                roles(&e.request),
                 [
                     ClientRequest,
                     UpstreamRequest,
@@ -1658,18 +1658,11 @@ mod tests {
         let s = resp(200, b"ok");
         sim.recv(6, &s);
         sim.send(3, &s);
-        let e = sim.exchanges();
-        assert_eq!(e.len(), 1, "{:?}", sim.out);
+        let r = &sim.only_exchange().request;
+        assert_eq!(a, to(r, ClientRequest));
+        assert_eq!(r.request_id.as_deref(), Some("split"));
         assert_eq!(
-            a,
-            Assignment::To {
-                serial: e[0].serial,
-                role: ClientRequest
-            }
-        );
-        assert_eq!(e[0].request_id.as_deref(), Some("split"));
-        assert_eq!(
-            roles(e[0]),
+            roles(r),
             [
                 ClientRequest,
                 ClientRequest,
@@ -1680,7 +1673,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            e[0].syscalls.iter().map(|c| c.seq).collect::<Vec<_>>(),
+            r.syscalls.iter().map(|c| c.seq).collect::<Vec<_>>(),
             [1, 2, 3, 4, 5, 6]
         );
     }
@@ -1696,8 +1689,7 @@ mod tests {
         let s = resp(200, b"");
         sim.rec(1, 8, READ, &s);
         sim.rec(1, 7, WRITE, &s);
-        assert_eq!(sim.exchanges().len(), 1, "{:?}", sim.out);
-        assert_eq!(sim.exchanges()[0].syscalls.len(), 5);
+        assert_eq!(sim.only_exchange().request.syscalls.len(), 5);
     }
 
     #[test]
@@ -1720,20 +1712,12 @@ mod tests {
         let s = resp(200, &[b'r'; 144]);
         sim.rec(c, 9, READ, &s);
         sim.rec(d, 7, WRITE, &s);
-        let e = sim.exchanges();
-        assert_eq!(e.len(), 1, "{:?}", sim.out);
-        let e = e[0];
-        assert_eq!(
-            w1,
-            Assignment::To {
-                serial: e.serial,
-                role: UpstreamRequest
-            }
-        );
+        let r = &sim.only_exchange().request;
+        assert_eq!(w1, to(r, UpstreamRequest));
         assert_eq!(w2, w1);
-        assert_eq!(e.upstream_fd, Some(9));
+        assert_eq!(r.upstream_fd, Some(9));
         assert_eq!(
-            e.syscalls
+            r.syscalls
                 .iter()
                 .map(|c| (c.role, c.tid))
                 .collect::<Vec<_>>(),
@@ -1766,14 +1750,12 @@ mod tests {
         let e = sim.exchanges();
         assert_eq!(e.len(), 2, "{:?}", sim.out);
         assert_eq!(
-            (e[0].client_fd, e[0].upstream_fd, e[0].status),
-            (7, Some(8), Some(200))
+            e.iter()
+                .map(|e| (e.client_fd, e.request.upstream_fd, e.request.status))
+                .collect::<Vec<_>>(),
+            [(7, Some(8), Some(200)), (9, Some(8), Some(201))]
         );
-        assert_eq!(
-            (e[1].client_fd, e[1].upstream_fd, e[1].status),
-            (9, Some(8), Some(201))
-        );
-        assert!(e[1].syscalls.iter().all(|c| c.tid == 2));
+        assert!(e[1].request.syscalls.iter().all(|c| c.tid == 2));
     }
 
     #[test]
@@ -1793,8 +1775,8 @@ mod tests {
         sim.send(3, &s);
         let e = sim.exchanges();
         assert_eq!(e.len(), 1);
-        assert_eq!(e[0].request_id.as_deref(), Some("far-away"));
-        assert_eq!(e[0].upstream_fd, Some(6));
+        assert_eq!(e[0].request.request_id.as_deref(), Some("far-away"));
+        assert_eq!(e[0].request.upstream_fd, Some(6));
         // Past the 512 captured bytes: the header block cannot be read, nothing is guessed.
         let r = req(
             "GET",
@@ -1824,15 +1806,17 @@ mod tests {
         let e = sim.exchanges();
         assert_eq!(e.len(), 2, "{:?}", sim.out);
         assert_eq!(
-            (e[0].client_fd, e[0].upstream_fd, e[0].target.as_str()),
-            (3, Some(7), "/a")
+            e.iter()
+                .map(|e| (
+                    e.client_fd,
+                    e.request.upstream_fd,
+                    e.request.target.as_str()
+                ))
+                .collect::<Vec<_>>(),
+            [(3, Some(7), "/a"), (4, Some(6), "/b")]
         );
-        assert_eq!(
-            (e[1].client_fd, e[1].upstream_fd, e[1].target.as_str()),
-            (4, Some(6), "/b")
-        );
-        assert_eq!(e[0].request_id, None);
-        assert_eq!(e[0].key, None);
+        assert_eq!(e[0].request.request_id, None);
+        assert_eq!(e[0].request.key, None);
     }
 
     #[test]
@@ -1844,16 +1828,10 @@ mod tests {
         let answer = sim.send(6, &a);
         let i = sim.incompletes();
         assert_eq!(i.len(), 1);
-        assert_eq!(
-            answer,
-            Assignment::To {
-                serial: i[0].serial,
-                role: UpstreamRequest
-            }
-        );
+        assert_eq!(answer, to(&i[0].request, UpstreamRequest));
         assert_eq!(i[0].reason, Reason::NotJoined(JoinFailure::NoIdAmbiguous));
-        assert_eq!((i[0].client_fd, i[0].upstream_fd), (None, Some(6)));
-        assert_eq!(i[0].syscalls.len(), 1);
+        assert_eq!((i[0].client_fd, i[0].request.upstream_fd), (None, Some(6)));
+        assert_eq!(i[0].request.syscalls.len(), 1);
         // Its response belongs to nobody; the client requests end without an upstream side.
         let s = resp(200, b"x");
         assert_eq!(sim.recv(6, &s), Assignment::None);
@@ -1861,7 +1839,7 @@ mod tests {
         sim.send(4, &s);
         let e = sim.exchanges();
         assert_eq!(e.len(), 2);
-        assert!(e.iter().all(|e| e.upstream_fd.is_none()));
+        assert!(e.iter().all(|e| e.request.upstream_fd.is_none()));
         // An upstream request with an id nobody received, and one without any candidate.
         sim.send(6, &req("GET", "/x", &[("x-request-id", "nobody")], b""));
         sim.send(6, &req("GET", "/y", &[], b""));
@@ -1886,10 +1864,9 @@ mod tests {
         let s = resp(200, b"");
         sim.recv(6, &s);
         sim.send(3, &s);
-        let e = sim.exchanges();
-        assert_eq!(e.len(), 1, "{:?}", sim.out);
-        assert_eq!(e[0].request_id.as_deref(), Some("f00d"));
-        assert_eq!(e[0].key, Some(id_key("f00d")));
+        let r = &sim.only_exchange().request;
+        assert_eq!(r.request_id.as_deref(), Some("f00d"));
+        assert_eq!(r.key, Some(id_key("f00d")));
         assert_ne!(id_key("f00d"), 0xf00d);
     }
 
@@ -1913,15 +1890,13 @@ mod tests {
         let e = sim.exchanges();
         assert_eq!(e.len(), 2);
         assert_eq!(
-            (e[0].tgid, e[0].upstream_fd, e[0].key),
-            (1, Some(6), Some(7))
+            e.iter()
+                .map(|e| (e.request.tgid, e.request.upstream_fd, e.request.key))
+                .collect::<Vec<_>>(),
+            [(1, Some(6), Some(7)), (2, Some(6), Some(7))]
         );
-        assert_eq!(
-            (e[1].tgid, e[1].upstream_fd, e[1].key),
-            (2, Some(6), Some(7))
-        );
-        assert_eq!(e[0].syscalls.len(), 4);
-        assert_eq!(e[1].syscalls.len(), 4);
+        assert_eq!(e[0].request.syscalls.len(), 4);
+        assert_eq!(e[1].request.syscalls.len(), 4);
     }
 
     #[test]
@@ -1992,9 +1967,8 @@ mod tests {
         assert!(sim.out.is_empty(), "{:?}", sim.out);
         // The next request on the connection starts with a request line: followed again.
         sim.proxy(3, 6, "next");
-        let e = sim.exchanges();
-        assert_eq!(e.len(), 1, "{:?}", sim.out);
-        assert_eq!(e[0].request_id.as_deref(), Some("next"));
+        let r = &sim.only_exchange().request;
+        assert_eq!(r.request_id.as_deref(), Some("next"));
     }
 
     #[test]
@@ -2061,10 +2035,8 @@ mod tests {
         sim.send(3, b"5\r\nhello\r\n");
         assert!(sim.exchanges().is_empty());
         sim.send(3, b"0\r\n\r\n");
-        let e = sim.exchanges();
-        assert_eq!(e.len(), 1, "{:?}", sim.out);
         assert_eq!(
-            roles(e[0]),
+            roles(&sim.only_exchange().request),
             [
                 ClientRequest,
                 UpstreamRequest,
@@ -2120,11 +2092,11 @@ mod tests {
         let e = sim.exchanges();
         assert_eq!(e.len(), 3, "{:?}", sim.out);
         assert_eq!(
-            e.iter().map(|e| e.status).collect::<Vec<_>>(),
+            e.iter().map(|e| e.request.status).collect::<Vec<_>>(),
             [Some(200), Some(204), Some(304)]
         );
         assert_eq!(
-            roles(e[1]),
+            roles(&e[1].request),
             [
                 ClientRequest,
                 UpstreamRequest,
@@ -2154,10 +2126,10 @@ mod tests {
         sim.proxy(3, 6, "c2");
         let e = sim.exchanges();
         assert_eq!(e.len(), 2, "{:?}", sim.out);
-        assert_eq!(e[0].request_id.as_deref(), Some("c1"));
-        assert_eq!(e[0].syscalls.len(), 6);
-        assert_eq!(e[1].request_id.as_deref(), Some("c2"));
-        assert_eq!(e[1].syscalls.len(), 4);
+        assert_eq!(e[0].request.request_id.as_deref(), Some("c1"));
+        assert_eq!(e[0].request.syscalls.len(), 6);
+        assert_eq!(e[1].request.request_id.as_deref(), Some("c2"));
+        assert_eq!(e[1].request.syscalls.len(), 4);
         // At the session's end too.
         sim.recv(3, &r);
         sim.send(3, &resp_with(200, &[], b"local"));
@@ -2178,7 +2150,7 @@ mod tests {
         assert_eq!(e.len(), 3, "{:?}", sim.out);
         assert_eq!(
             e.iter()
-                .map(|e| (e.client_fd, e.upstream_fd))
+                .map(|e| (e.client_fd, e.request.upstream_fd))
                 .collect::<Vec<_>>(),
             [(3, Some(6)), (6, Some(3)), (3, Some(6))]
         );
@@ -2190,7 +2162,7 @@ mod tests {
         let i = sim.incompletes();
         assert_eq!(i.len(), 2, "{:?}", sim.out);
         assert_eq!(i[0].reason, Reason::Reset);
-        assert_eq!(i[0].upstream_fd, Some(6));
+        assert_eq!(i[0].request.upstream_fd, Some(6));
         assert_eq!(i[1].reason, Reason::NotJoined(JoinFailure::NoIdNoCandidate));
         // Reset inside a header block: the new request line wins.
         sim.recv(9, b"GET /half HTTP/1.1\r\nhost: x\r\n");
@@ -2210,18 +2182,11 @@ mod tests {
         let s = resp(200, b"second");
         sim.recv(7, &s);
         sim.send(3, &s);
-        let e = sim.exchanges();
-        assert_eq!(e.len(), 1, "{:?}", sim.out);
+        let r = &sim.only_exchange().request;
+        assert_eq!(a, to(r, UpstreamRequest));
+        assert_eq!(r.upstream_fd, Some(7));
         assert_eq!(
-            a,
-            Assignment::To {
-                serial: e[0].serial,
-                role: UpstreamRequest
-            }
-        );
-        assert_eq!(e[0].upstream_fd, Some(7));
-        assert_eq!(
-            e[0].syscalls
+            r.syscalls
                 .iter()
                 .map(|c| (c.role, c.fd))
                 .collect::<Vec<_>>(),
@@ -2246,8 +2211,11 @@ mod tests {
         sim.proxy(3, 6, "next");
         let e = sim.exchanges();
         assert_eq!(e.len(), 2, "{:?}", sim.out);
-        assert_eq!((e[0].status, e[0].upstream_fd), (Some(413), None));
-        assert_eq!(e[1].request_id.as_deref(), Some("next"));
+        assert_eq!(
+            (e[0].request.status, e[0].request.upstream_fd),
+            (Some(413), None)
+        );
+        assert_eq!(e[1].request.request_id.as_deref(), Some("next"));
     }
 
     #[test]
@@ -2270,9 +2238,8 @@ mod tests {
         sim.rec(12, 9, WRITE, &big[..4096]);
         assert_eq!(sim.unsupported(Unsupported::TruncatedHead), 2);
         sim.rec(14, 7, WRITE, &s);
-        let e = sim.exchanges();
-        assert_eq!(e.len(), 1, "{:?}", sim.out);
-        assert_eq!(e[0].request_id.as_deref(), Some("one"));
+        let r = &sim.only_exchange().request;
+        assert_eq!(r.request_id.as_deref(), Some("one"));
         assert!(sim.incompletes().is_empty());
     }
 
@@ -2294,9 +2261,8 @@ mod tests {
         let s = resp_with(101, &[("upgrade", "websocket")], b"");
         sim.recv(6, &s);
         sim.send(3, &s);
-        let e = sim.exchanges();
-        assert_eq!(e.len(), 1, "{:?}", sim.out);
-        assert_eq!((e[0].status, e[0].upstream_status), (Some(101), Some(101)));
+        let r = &sim.only_exchange().request;
+        assert_eq!((r.status, r.upstream_status), (Some(101), Some(101)));
         assert_eq!(sim.unsupported(Unsupported::Upgrade), 2);
         // WebSocket frames both ways belong to nobody.
         assert_eq!(sim.recv(3, b"\x81\x85abcd12345"), Assignment::None);
@@ -2317,7 +2283,7 @@ mod tests {
         let i = sim.incompletes();
         assert_eq!(i.len(), 1);
         assert_eq!(
-            (i[0].reason, i[0].upstream_fd),
+            (i[0].reason, i[0].request.upstream_fd),
             (Reason::NoResponse, Some(6))
         );
         // A late response is nobody's.
@@ -2494,8 +2460,8 @@ mod tests {
             let mut listed: HashMap<u64, Vec<(u64, Role)>> = HashMap::new();
             for o in &sim.out {
                 let calls = match o {
-                    Output::Exchange(e) => &e.syscalls,
-                    Output::Incomplete(i) => &i.syscalls,
+                    Output::Exchange(e) => &e.request.syscalls,
+                    Output::Incomplete(i) => &i.request.syscalls,
                 };
                 for c in calls {
                     listed.entry(c.seq).or_default().push((o.serial(), c.role));
@@ -2512,14 +2478,16 @@ mod tests {
                 }
             }
             for e in sim.exchanges() {
-                if let (Some(id), Some(u)) = (&e.request_id, e.upstream_fd) {
+                if let (Some(id), Some(u)) = (&e.request.request_id, e.request.upstream_fd) {
                     assert_eq!(ufd_of[id], u, "{e:?}");
                 }
                 // Every syscall of an exchange is on its own connections.
-                for c in &e.syscalls {
+                for c in &e.request.syscalls {
                     match c.role {
                         ClientRequest | ClientResponse => assert_eq!(c.fd, e.client_fd),
-                        UpstreamRequest | UpstreamResponse => assert_eq!(Some(c.fd), e.upstream_fd),
+                        UpstreamRequest | UpstreamResponse => {
+                            assert_eq!(Some(c.fd), e.request.upstream_fd)
+                        }
                     }
                 }
             }

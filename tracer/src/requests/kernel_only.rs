@@ -15,14 +15,15 @@
 //!   joiner serial.
 //! - A loss span over an exchange makes it incomplete, as in the exact mode.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use tracer_ebpf::abi::{Event, kind, syscall};
 
 use super::exchange_parts::{self, Context, Io, Milestones};
+use super::held::{Held, incomplete, overlaps};
 use super::http::{self, Assignment, Joiner, Output, Role};
-use super::outcome::{Hits, Incomplete, Outcome, RequestRecord};
-use super::rebuild::{HOLD_NS, MARGIN_NS, MAX_OPEN_NS};
+use super::outcome::{Hits, Outcome, RequestRecord};
+use super::rebuild::{MARGIN_NS, MAX_OPEN_NS};
 use super::sockets::Sockets;
 use super::threads::{SchedEv, Threads};
 use crate::events::data::{Data, Direction};
@@ -63,17 +64,13 @@ pub struct KernelOnlyRebuilder {
     seq: u64,
     fsyncs: VecDeque<(u64, u64)>,
     losses: Vec<(u64, u64)>,
-    held: BTreeMap<(u64, u64), Outcome>,
+    held: Held,
     next_maintenance: u64,
     stats: Stats,
 }
 
 fn sock_key(tgid: u32, fd: u32) -> u64 {
     (u64::from(tgid) << 32) | u64::from(fd)
-}
-
-fn overlaps(span: (u64, u64), from: u64, to: u64) -> bool {
-    span.0 <= to && span.1 >= from
 }
 
 impl KernelOnlyRebuilder {
@@ -246,13 +243,7 @@ impl KernelOnlyRebuilder {
 
     fn lose(&mut self, span: (u64, u64)) {
         self.losses.push(span);
-        for outcome in self.held.values_mut() {
-            if let Outcome::Complete(r) = outcome
-                && overlaps(span, r.t_arrive_ns, r.t_done_ns)
-            {
-                *outcome = incomplete(r.req_id, "events lost");
-            }
-        }
+        self.held.lose(span, "events lost");
     }
 
     /// Moves event time on; an event older than one already seen is a loss span (as in the
@@ -272,16 +263,9 @@ impl KernelOnlyRebuilder {
         }
     }
 
-    /// Outcomes decided at least [`HOLD_NS`] ago, in order.
+    /// Outcomes decided at least [`HOLD_NS`](super::HOLD_NS) ago, in order.
     pub fn drain(&mut self) -> Vec<Outcome> {
-        let mut out = Vec::new();
-        while let Some(entry) = self.held.first_entry() {
-            if entry.key().0.saturating_add(HOLD_NS) > self.now {
-                break;
-            }
-            out.push(entry.remove());
-        }
-        out
+        self.held.drain(self.now)
     }
 
     /// Every exchange still open (incomplete, "session ended"), then every held outcome.
@@ -290,13 +274,13 @@ impl KernelOnlyRebuilder {
         for output in self.joiner.finish() {
             self.decide(output);
         }
-        std::mem::take(&mut self.held).into_values().collect()
+        self.held.take_all()
     }
 
     fn decide(&mut self, output: Output) {
         let serial = output.serial();
         let (key_ts, outcome) = match output {
-            Output::Exchange(ex) => {
+            Output::Exchange(http::Exchange { request: ex, .. }) => {
                 let id = ex.key.unwrap_or(serial);
                 let done = ex
                     .syscalls
@@ -310,11 +294,11 @@ impl KernelOnlyRebuilder {
                 }
             }
             Output::Incomplete(inc) => {
-                let id = inc.key.unwrap_or(serial);
+                let id = inc.request.key.unwrap_or(serial);
                 (self.now, incomplete(id, &inc.reason.to_string()))
             }
         };
-        self.held.insert((key_ts, serial), outcome);
+        self.held.insert(key_ts, serial, outcome);
     }
 
     fn ready_of(&self, seq: u64) -> Option<u64> {
@@ -326,7 +310,7 @@ impl KernelOnlyRebuilder {
     }
 
     /// The exchange's milestones and parts.
-    fn record(&mut self, ex: &http::Exchange, id: u64) -> Result<RequestRecord, &'static str> {
+    fn record(&mut self, ex: &http::Request, id: u64) -> Result<RequestRecord, &'static str> {
         let first = |role: Role| {
             ex.syscalls
                 .iter()
@@ -436,13 +420,6 @@ impl KernelOnlyRebuilder {
     }
 }
 
-fn incomplete(req_id: u64, reason: &str) -> Outcome {
-    Outcome::Incomplete(Incomplete {
-        req_id,
-        reason: reason.to_owned(),
-    })
-}
-
 /// The split's view of the rebuild, for one exchange.
 struct Ctx<'a> {
     rebuild: &'a KernelOnlyRebuilder,
@@ -490,7 +467,7 @@ mod tests {
     use tracer_ebpf::abi::syscall;
 
     use super::*;
-    use crate::requests::Part;
+    use crate::requests::{Incomplete, Part};
 
     const TGID: u32 = 100;
 

@@ -12,6 +12,7 @@
 mod cover;
 mod cpus;
 mod exchange_parts;
+mod held;
 pub mod http;
 pub mod kernel;
 pub mod kernel_only;
@@ -24,10 +25,11 @@ pub mod synthetic;
 mod threads;
 pub mod wait;
 
+pub use held::HOLD_NS;
 pub use kernel_only::KernelOnlyRebuilder;
 pub use outcome::{
     Hits, Incomplete, OffCpu, Outcome, PARTS, Part, RequestRecord, Slice, StackSample,
 };
-pub use rebuild::{HOLD_NS, MARGIN_NS, MAX_OPEN_NS, Rebuilder};
+pub use rebuild::{MARGIN_NS, MAX_OPEN_NS, Rebuilder};
 pub use session::SessionRebuilder;
 pub use wait::{Holder, WaitCharge, WriterWork};

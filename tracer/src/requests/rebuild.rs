@@ -46,26 +46,25 @@
 //!   outcomes carry the client's `x-request-id` (a2; 0 from a gateway that passes none: the
 //!   probe id). A begin whose client id or probe id was seen among the last [`RECENT_IDS`]
 //!   is reported incomplete ("duplicate id"), not dropped.
-//! - Outcomes are held for [`HOLD_NS`] of event time after they are decided, so a loss
+//! - Outcomes are held for [`HOLD_NS`](super::HOLD_NS) of event time after they are decided, so a loss
 //!   reported late (the loss counter is polled) still turns the requests it overlaps into
 //!   `Incomplete`. They come out ordered by (decision ts = `t_done` for complete ones, req id).
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use tracer_ebpf::abi::{Event, kind, switch, syscall};
 use tracer_ebpf::sites::{Phase, Site};
 
 use super::cover::{Cover, Piece};
 use super::cpus::CpuLog;
+use super::held::{Held, incomplete, overlaps};
 use super::kernel::KernelStats;
 use super::ledger::WriterLog;
-use super::outcome::{Hits, Incomplete, Outcome, Part, RequestRecord, StackSample};
+use super::outcome::{Hits, Outcome, Part, RequestRecord, StackSample};
 use super::sockets::Sockets;
 use super::threads::{RunState, SchedEv, Threads};
 use super::wait::{self, Activity, Selection, Sources};
 
-/// How long (event time) an outcome is held back for a late loss report.
-pub const HOLD_NS: u64 = 1_000_000_000;
 /// History kept before the oldest open request.
 pub const MARGIN_NS: u64 = 1_000_000_000;
 /// A request with no `t_done` this long after its begin is given up on.
@@ -216,7 +215,7 @@ pub struct Rebuilder {
     clients: RecentIds,
     /// Loss spans still within the history kept, each with the reason its requests get.
     losses: Vec<Loss>,
-    held: BTreeMap<(u64, u64), Outcome>,
+    held: Held,
     next_maintenance: u64,
     kernel: KernelStats,
 }
@@ -227,17 +226,6 @@ struct Loss {
     from: u64,
     to: u64,
     reason: &'static str,
-}
-
-fn incomplete(req_id: u64, reason: &str) -> Outcome {
-    Outcome::Incomplete(Incomplete {
-        req_id,
-        reason: reason.to_owned(),
-    })
-}
-
-fn overlaps(span: (u64, u64), from: u64, to: u64) -> bool {
-    span.0 <= to && span.1 >= from
 }
 
 impl Rebuilder {
@@ -338,13 +326,7 @@ impl Rebuilder {
             to: span.1,
             reason,
         });
-        for outcome in self.held.values_mut() {
-            if let Outcome::Complete(r) = outcome
-                && overlaps(span, r.t_arrive_ns, r.t_done_ns)
-            {
-                *outcome = incomplete(r.req_id, reason);
-            }
-        }
+        self.held.lose(span, reason);
         let mut hit: Vec<u64> = self
             .open
             .values()
@@ -357,22 +339,15 @@ impl Rebuilder {
         }
     }
 
-    /// Outcomes decided at least [`HOLD_NS`] ago, in order.
+    /// Outcomes decided at least [`HOLD_NS`](super::HOLD_NS) ago, in order.
     pub fn drain(&mut self) -> Vec<Outcome> {
-        let mut out = Vec::new();
-        while let Some(entry) = self.held.first_entry() {
-            if entry.key().0.saturating_add(HOLD_NS) > self.now {
-                break;
-            }
-            out.push(entry.remove());
-        }
-        out
+        self.held.drain(self.now)
     }
 
     /// Every held outcome, then every request still open (incomplete, by id).
     pub fn finish(&mut self, end_ns: u64) -> Vec<Outcome> {
         self.now = self.now.max(end_ns);
-        let mut out: Vec<Outcome> = std::mem::take(&mut self.held).into_values().collect();
+        let mut out = self.held.take_all();
         let mut ids: Vec<u64> = self.open.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
@@ -408,7 +383,7 @@ impl Rebuilder {
 
     /// Holds `outcome` of the request with probe id `id` (unique, where client ids may repeat).
     fn decide(&mut self, key_ts: u64, id: u64, outcome: Outcome) {
-        self.held.insert((key_ts, id), outcome);
+        self.held.insert(key_ts, id, outcome);
     }
 
     fn forget(&mut self, req: &OpenRequest) {

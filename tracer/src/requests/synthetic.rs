@@ -207,6 +207,22 @@ impl Stream {
     }
 }
 
+/// `ns` of a wait charged to `holder`, with its user stack only (-1: none).
+pub fn wait_charge(
+    part: super::Part,
+    holder: super::Holder,
+    ns: u64,
+    user_stack: i64,
+) -> super::WaitCharge {
+    super::WaitCharge {
+        part,
+        holder,
+        ns,
+        kernel_stack: -1,
+        user_stack,
+    }
+}
+
 /// A complete record of figures only, for the aggregates and reports built from it: done when
 /// its `parts` add up from `t_arrive_ns`, with no slices, samples, off-CPU charges or waits.
 pub fn record_of_parts(
