@@ -28,7 +28,7 @@ pub mod kind {
     pub const SITE: u16 = 1;
     /// A traced syscall returned. sub = `syscall::*`; args = [enter ts, fd, return value as i64].
     pub const SYSCALL: u16 = 2;
-    /// In-context socket I/O told us which fd a `struct sock` is. args = [sk, fd].
+    /// In-context socket I/O told us which fd a `struct sock` is. args = [sk, fd, tgid].
     /// Written only when the pair is new or changed.
     pub const SOCK_FD: u16 = 3;
     /// sock:sk_data_ready on a socket of the target (any context). args = [sk].

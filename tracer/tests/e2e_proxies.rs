@@ -16,18 +16,17 @@ mod attach_common;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{TcpListener, TcpStream},
-    path::{Path, PathBuf},
+    net::TcpStream,
+    path::Path,
     process::Command,
     sync::Mutex,
     time::{Duration, Instant},
 };
 
 use attach_common::{
-    Binaries, Row, build_binaries, demo_gateway, num, program_ids, read_csv, require_root, start,
-    still_loaded, wait_listening,
+    Binaries, Proc, Proxy, Row, Signal, Spawn, Stream, build_binaries, demo_gateway, free_port,
+    installed, mock_upstream, num, program_ids, read_csv, require_root, start, still_loaded,
 };
-use testproc::{Proc, Signal, Spawn, Stream, proxy::Proxy};
 
 const PROXY_CPU: &str = "0";
 const LOAD_CPU: &str = "1";
@@ -41,38 +40,6 @@ const HOG: &str = "proxy-cpu-hog";
 
 /// One traced session at a time: they pin to the same CPUs and caddy's admin port is fixed.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// `proxy`'s binary, installed with apt-get first where it is missing.
-fn installed(proxy: Proxy) -> PathBuf {
-    if let Some(path) = proxy.find() {
-        return path;
-    }
-    let name = proxy.package();
-    eprintln!("e2e: installing {name} with apt-get");
-    let apt = |args: &[&str]| {
-        Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .output()
-            .unwrap_or_else(|e| panic!("apt-get: {e}"))
-    };
-    let mut out = apt(&["install", "-y", "--no-install-recommends", name]);
-    if !out.status.success() {
-        // A new machine may not have the package lists yet.
-        apt(&["update"]);
-        out = apt(&["install", "-y", "--no-install-recommends", name]);
-    }
-    assert!(
-        out.status.success(),
-        "apt-get install {name} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // Debian starts an installed daemon; the tests run their own.
-    let _ = Command::new("systemctl").args(["stop", name]).output();
-    proxy
-        .find()
-        .unwrap_or_else(|| panic!("{name} installed, but not found"))
-}
 
 /// Starts `proxy` on `port` in front of `upstream`, pinned to [`PROXY_CPU`], and waits until
 /// it accepts connections.
@@ -91,14 +58,6 @@ fn start_proxy(proxy: Proxy, dir: &Path, port: u16, upstream: &str) -> Proc {
         std::thread::sleep(Duration::from_millis(50));
     }
     proxy_proc
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// loadgen at [`RATE`] against `url` (`--direct`: path /echo, which every proxy forwards);
@@ -304,13 +263,7 @@ fn traced_proxy(test: &str, proxy: Proxy) {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let bins = build_binaries();
     let dir = tempfile::tempdir().unwrap();
-    let mut mock = start(
-        Spawn::new("mock-upstream", &bins.mock_upstream)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(["--delay-ms", &UPSTREAM_DELAY_MS.to_string()])
-            .cpus(Some(LOAD_CPU)),
-    );
-    let upstream = wait_listening(&mut mock);
+    let (_mock, upstream) = mock_upstream(&bins, UPSTREAM_DELAY_MS, LOAD_CPU);
     // The client's own measurement of mock-upstream, without the proxy.
     let direct = load(
         &bins.loadgen,
@@ -370,13 +323,8 @@ fn the_gateway_traced_kernel_only_agrees_with_its_exact_trace() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let bins = build_binaries();
     let dir = tempfile::tempdir().unwrap();
-    let mut mock = start(
-        Spawn::new("mock-upstream", &bins.mock_upstream)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(["--delay-ms", &UPSTREAM_DELAY_MS.to_string()])
-            .cpus(Some(LOAD_CPU)),
-    );
-    let upstream = format!("http://{}", wait_listening(&mut mock));
+    let (_mock, upstream) = mock_upstream(&bins, UPSTREAM_DELAY_MS, LOAD_CPU);
+    let upstream = format!("http://{upstream}");
     let (gateway, url, key) = demo_gateway(&bins.gateway, dir.path(), &upstream, PROXY_CPU);
     let pid = gateway.pid().to_string();
     let tracer = |name: &str, extra: &[&str]| {

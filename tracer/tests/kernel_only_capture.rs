@@ -4,9 +4,8 @@
 //! reload forks while it runs (PROCESS events), and write DATA records holding each request's
 //! `x-request-id` for both the client read and the upstream write, by the worker.
 //!
-//! nginx is installed with apt-get when missing (`nginx-light`, else `nginx`). mock-upstream
-//! is built as `e2e_gateway` builds it (`cargo build --release -p gateway`), or taken from
-//! `TRACER_E2E_BIN_DIR`. What is checked comes from the hidden `--raw-data` dump (every DATA
+//! nginx is installed with apt-get when missing, and started as `testproc::proxy` starts it
+//! for the other proxy tests. What is checked comes from the hidden `--raw-data` dump (every DATA
 //! record) and `--raw-events` (PROCESS events), the outputs the kernel-only rebuild will read.
 
 mod attach_common;
@@ -15,85 +14,19 @@ use std::{
     collections::HashSet,
     fs,
     io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{TcpListener, TcpStream},
-    path::{Path, PathBuf},
-    process::{Command, Stdio},
+    net::TcpStream,
+    path::Path,
     time::{Duration, Instant},
 };
 
-use attach_common::require_root;
-use testproc::{Proc, Signal, Spawn};
+use attach_common::{
+    Proxy, Signal, Spawn, build_binaries, free_port, installed, mock_upstream, require_root, start,
+};
 use tracer::events::data::{Data, Direction, read_dump};
 use tracer_ebpf::abi::{DATA_BYTES, kind, syscall};
 
 const READY: Duration = Duration::from_secs(120);
 const BODY: &str = r#"{"hello":"kernel-only"}"#;
-
-fn nginx() -> PathBuf {
-    let found = || {
-        ["/usr/sbin/nginx", "/usr/bin/nginx"]
-            .map(PathBuf::from)
-            .into_iter()
-            .find(|p| p.exists())
-    };
-    if let Some(path) = found() {
-        return path;
-    }
-    let apt = |args: &[&str]| {
-        Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let install = |package: &str| apt(&["install", "-y", "--no-install-recommends", package]);
-    if !install("nginx-light") && !install("nginx") {
-        assert!(apt(&["update"]), "apt-get update failed");
-        assert!(
-            install("nginx-light") || install("nginx"),
-            "apt-get install nginx failed"
-        );
-    }
-    found().expect("nginx installed but not found in /usr/sbin or /usr/bin")
-}
-
-fn mock_upstream() -> PathBuf {
-    if let Some(dir) = std::env::var_os("TRACER_E2E_BIN_DIR") {
-        return PathBuf::from(dir).join("mock-upstream");
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let output = Command::new(env!("CARGO"))
-        .current_dir(workspace)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "gateway",
-            "--bin",
-            "mock-upstream",
-        ])
-        .args(["--message-format", "json-render-diagnostics"])
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("running cargo build");
-    assert!(output.status.success(), "cargo build: {}", output.status);
-    output
-        .stdout
-        .split(|&b| b == b'\n')
-        .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
-        .filter_map(|message| message["executable"].as_str().map(PathBuf::from))
-        .find(|path| path.file_name().is_some_and(|f| f == "mock-upstream"))
-        .expect("cargo build produced no mock-upstream")
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
@@ -101,10 +34,6 @@ fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn start(spawn: Spawn) -> Proc {
-    spawn.start().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// The child processes of `pid` (nginx's workers).
@@ -202,43 +131,15 @@ fn nginx_worker_followed_and_request_bytes_captured() {
     if !require_root("nginx_worker_followed_and_request_bytes_captured") {
         return;
     }
-    let nginx = nginx();
-    let upstream_bin = mock_upstream();
+    let bins = build_binaries();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let (up_port, port) = (free_port(), free_port());
-    let conf = root.join("nginx.conf");
-    let r = root.display();
-    fs::write(
-        &conf,
-        format!(
-            "worker_processes 1;\npid {r}/nginx.pid;\nerror_log {r}/error.log;\n\
-             events {{ worker_connections 64; }}\n\
-             http {{\n  access_log {r}/access.log;\n  client_body_temp_path {r}/body;\n\
-             proxy_temp_path {r}/proxy;\n  fastcgi_temp_path {r}/fastcgi;\n\
-             uwsgi_temp_path {r}/uwsgi;\n  scgi_temp_path {r}/scgi;\n\
-             upstream up {{ server 127.0.0.1:{up_port}; keepalive 8; }}\n\
-             server {{\n    listen 127.0.0.1:{port};\n    location / {{ proxy_pass http://up; \
-             proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n  }}\n}}\n"
-        ),
-    )
-    .unwrap();
-
-    let _upstream = start(Spawn::new("mock-upstream", &upstream_bin).args([
-        "--listen",
-        &format!("127.0.0.1:{up_port}"),
-        "--delay-ms",
-        "0",
-    ]));
-    wait_until("mock-upstream to listen", READY, || {
-        TcpStream::connect(("127.0.0.1", up_port)).is_ok()
-    });
-    let mut master = start(Spawn::new("nginx", &nginx).args([
-        "-c",
-        &conf.to_string_lossy(),
-        "-g",
-        "daemon off;",
-    ]));
+    let (_upstream, upstream) = mock_upstream(&bins, 0, "0-1");
+    let port = free_port();
+    let spawn = Proxy::Nginx
+        .spawn(&installed(Proxy::Nginx), root, port, &upstream)
+        .unwrap();
+    let mut master = start(spawn);
     let master_pid = master.pid();
     wait_until("nginx to listen with one worker", READY, || {
         TcpStream::connect(("127.0.0.1", port)).is_ok() && children(master_pid).len() == 1

@@ -22,8 +22,8 @@ use tracer_ebpf::{
 
 use super::{
     maps::{
-        LISTEN_PORTS, TARGET_SOCKS, config, count_drop, current_target_tid, emit, field, now,
-        read_kernel,
+        LISTEN_PORTS, TARGET_SOCKS, config, count_drop, current, current_target_tid, emit, field,
+        now, read_kernel,
     },
     syscalls::in_flight,
 };
@@ -60,7 +60,9 @@ fn sock_io(sk: u64, receive: bool) -> u32 {
         count_drop(offset_of!(Drops, socks_added));
     }
     let _ = TARGET_SOCKS.insert(sk, call.fd, 0);
-    emit(now(), tid, kind::SOCK_FD, 0, [sk, call.fd, 0]);
+    // The process too: fds are per process, and in kernel-only mode there are several.
+    let (tgid, _) = current();
+    emit(now(), tid, kind::SOCK_FD, 0, [sk, call.fd, u64::from(tgid)]);
     0
 }
 

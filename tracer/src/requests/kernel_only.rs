@@ -4,8 +4,8 @@
 //! sockets and cover are the exact mode's own; [`exchange_parts`] splits each exchange.
 //!
 //! Choices, each covered by a test:
-//! - fds are per process: a socket is keyed by (tgid, fd). `SOCK_FD` names a tid, not a
-//!   process; its pair is applied once a data syscall of that tid says which process it is.
+//! - fds are per process: a socket is keyed by (tgid, fd), as `SOCK_FD` and the data records
+//!   name them.
 //! - A receive's arrival is the first data-ready on its socket since the last send on it,
 //!   taken when the receive is seen (later sends move that mark on).
 //! - Without a data-ready for an exchange's first request byte (or the upstream reply), the
@@ -56,8 +56,6 @@ pub struct KernelOnlyRebuilder {
     joiner: Joiner,
     threads: Threads,
     sockets: Sockets,
-    tgid_of: HashMap<u32, u32>,
-    sk_by_tid_fd: HashMap<(u32, u32), u64>,
     busy: HashMap<u32, VecDeque<Busy>>,
     /// Each receive's pending arrival, by its position in the data stream.
     ready_of_seq: VecDeque<(u64, u64, Option<u64>)>,
@@ -164,11 +162,8 @@ impl KernelOnlyRebuilder {
             }
             kind::SOCK_FD => {
                 self.threads.on_cpu(ev.ts_ns, ev.tid);
-                let (sk, fd) = (ev.args[0], ev.args[1] as u32);
-                self.sk_by_tid_fd.insert((ev.tid, fd), sk);
-                if let Some(&tgid) = self.tgid_of.get(&ev.tid) {
-                    self.sockets.sock_fd(sk, sock_key(tgid, fd));
-                }
+                let (sk, fd, tgid) = (ev.args[0], ev.args[1] as u32, ev.args[2] as u32);
+                self.sockets.sock_fd(sk, sock_key(tgid, fd));
             }
             kind::DATA_READY => self.sockets.data_ready(ev.ts_ns, ev.args[0]),
             kind::ESTABLISHED => self.sockets.established(ev.ts_ns, ev.args[0]),
@@ -205,13 +200,7 @@ impl KernelOnlyRebuilder {
             return;
         }
         self.threads.on_cpu(d.exit_ns, d.tid);
-        self.tgid_of.insert(d.tid, d.tgid);
         let key = sock_key(d.tgid, d.fd);
-        if let Some(&sk) = self.sk_by_tid_fd.get(&(d.tid, d.fd))
-            && self.sockets.sk_of(key) != Some(sk)
-        {
-            self.sockets.sock_fd(sk, key);
-        }
         self.seq += 1;
         match d.direction() {
             Direction::Receive => {
@@ -512,9 +501,9 @@ mod tests {
         vec![
             In::Ev(ev(1_000, kind::SWITCH_IN, 0, [0; 3])),
             In::Ev(ev(1_050, kind::DATA_READY, 0, [CLIENT_SK, 0, 0])),
-            In::Ev(ev(1_100, kind::SOCK_FD, 0, [CLIENT_SK, 5, 0])),
+            In::Ev(ev(1_100, kind::SOCK_FD, 0, [CLIENT_SK, 5, TGID as u64])),
             In::Data(data(1_080, 1_120, 5, syscall::RECVFROM, REQUEST)),
-            In::Ev(ev(1_200, kind::SOCK_FD, 0, [UPSTREAM_SK, 6, 0])),
+            In::Ev(ev(1_200, kind::SOCK_FD, 0, [UPSTREAM_SK, 6, TGID as u64])),
             In::Data(data(
                 1_190,
                 1_210,
@@ -622,10 +611,10 @@ mod tests {
         let stream = vec![
             In::Ev(ev(1_000, kind::SWITCH_IN, 0, [0; 3])),
             In::Data(data(1_080, 1_120, 5, syscall::RECVFROM, REQUEST)),
-            In::Ev(ev(1_200, kind::SOCK_FD, 0, [UPSTREAM_SK, 6, 0])),
+            In::Ev(ev(1_200, kind::SOCK_FD, 0, [UPSTREAM_SK, 6, TGID as u64])),
             In::Data(data(1_190, 1_210, 6, syscall::WRITEV, REQUEST)),
             In::Data(data(1_280, 1_300, 7, syscall::RECVFROM, &request_b)),
-            In::Ev(ev(1_400, kind::SOCK_FD, 0, [B_UPSTREAM_SK, 8, 0])),
+            In::Ev(ev(1_400, kind::SOCK_FD, 0, [B_UPSTREAM_SK, 8, TGID as u64])),
             In::Data(data(1_390, 1_410, 8, syscall::WRITEV, &request_b)),
             // Both replies land by 6200; the loop reads and answers A's first.
             In::Ev(ev(6_190, kind::DATA_READY, 0, [UPSTREAM_SK, 0, 0])),
@@ -644,5 +633,32 @@ mod tests {
         assert_eq!(b.parts.iter().sum::<u64>(), b.total_ns());
         let a = reqs.iter().find(|r| r.req_id == 42).expect("request 42");
         assert_eq!(a.part_ns(Part::Queued), 0);
+    }
+
+    #[test]
+    fn a_new_connection_on_a_reused_fd_arrives_on_its_own_socket() {
+        const NEXT_SK: u64 = 0xd;
+        let mut stream = event_loop();
+        let request_b = REQUEST.replace("42", "43");
+        stream.extend([
+            // The client closes: its FIN is a data-ready on the old socket.
+            In::Ev(ev(6_500, kind::DATA_READY, 0, [CLIENT_SK, 0, 0])),
+            // A new connection gets fd 5 again; another thread of the process names it (Go:
+            // a read that found nothing yet), then this one reads the request.
+            In::Ev(ev(7_000, kind::DATA_READY, 0, [NEXT_SK, 0, 0])),
+            In::Ev(Event {
+                tid: TGID + 1,
+                ..ev(7_005, kind::SOCK_FD, 0, [NEXT_SK, 5, TGID as u64])
+            }),
+            In::Data(data(7_010, 7_030, 5, syscall::RECVFROM, &request_b)),
+            In::Data(data(7_040, 7_060, 6, syscall::WRITEV, &request_b)),
+            In::Ev(ev(12_100, kind::DATA_READY, 0, [UPSTREAM_SK, 0, 0])),
+            In::Data(data(12_130, 12_150, 6, syscall::RECVFROM, RESPONSE)),
+            In::Data(data(12_200, 12_220, 5, syscall::WRITEV, RESPONSE)),
+        ]);
+        let (out, _) = rebuild(stream);
+        let reqs = complete(&out);
+        let b = reqs.iter().find(|r| r.req_id == 43).expect("request 43");
+        assert_eq!(b.t_arrive_ns, 7_000, "not the old socket's FIN at 6500");
     }
 }

@@ -27,7 +27,7 @@ use gateway::probe::{
     gw_probe_sign_end,
 };
 
-pub use testproc::{Proc, Signal, Spawn, Stream};
+pub use testproc::{Proc, Signal, Spawn, Stream, proxy::Proxy};
 
 pub const FIXTURE_ENV: &str = "TRACER_FIXTURE_SECS";
 /// How long the fixture may take to listen.
@@ -168,6 +168,60 @@ pub fn demo_gateway(
     );
     let url = format!("http://{}", wait_listening(&mut served));
     (served, url, key)
+}
+
+/// `proxy`'s binary, installed with apt-get first where it is missing.
+pub fn installed(proxy: Proxy) -> PathBuf {
+    if let Some(path) = proxy.find() {
+        return path;
+    }
+    let name = proxy.package();
+    eprintln!("e2e: installing {name} with apt-get");
+    let apt = |args: &[&str]| {
+        Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .output()
+            .unwrap_or_else(|e| panic!("apt-get: {e}"))
+    };
+    let mut out = apt(&["install", "-y", "--no-install-recommends", name]);
+    if !out.status.success() {
+        // A new machine may not have the package lists yet.
+        apt(&["update"]);
+        out = apt(&["install", "-y", "--no-install-recommends", name]);
+    }
+    assert!(
+        out.status.success(),
+        "apt-get install {name} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Debian starts an installed daemon; the tests run their own.
+    let _ = Command::new("systemctl").args(["stop", name]).output();
+    proxy
+        .find()
+        .unwrap_or_else(|| panic!("{name} installed, but not found"))
+}
+
+/// A free TCP port on 127.0.0.1 (free when asked; the caller binds it soon after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// mock-upstream answering after `delay_ms`, pinned to `cpu`: the process and its address
+/// (host:port).
+pub fn mock_upstream(bins: &Binaries, delay_ms: u64, cpu: &str) -> (Proc, String) {
+    let mut mock = start(
+        Spawn::new("mock-upstream", &bins.mock_upstream)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--delay-ms", &delay_ms.to_string()])
+            .cpus(Some(cpu)),
+    );
+    let addr = wait_listening(&mut mock);
+    (mock, addr)
 }
 
 /// Starts `spawn` (a [`Proc`]: stopped and reaped on drop, so a failing assertion leaves
