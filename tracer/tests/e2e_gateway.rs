@@ -23,8 +23,8 @@ use std::{
 };
 
 use attach_common::{
-    Row, Signal, Spawn, Stream, build_binaries, demo_gateway, leftover_uprobes, num, program_ids,
-    read_csv, require_root, start, still_loaded, wait_listening,
+    Row, Signal, Spawn, Stream, build_binaries, cpu_hog, demo_gateway, leftover_uprobes, num,
+    open_loop, program_ids, read_csv, require_root, start, still_loaded, wait_listening,
 };
 
 /// The load: well below the gateway's max, so nothing queues and nothing may be lost.
@@ -140,15 +140,7 @@ fn traced_run(hog: bool, binary: Binary) -> TracedRun {
         // Weighted above the gateway's threads (nice -5: ~3× the CPU share of each), so that
         // it stays the largest holder where the writer is slow too (emulated, SQLite's insert
         // held 35% of the waits against the unweighted hog's 45% in a guest run).
-        let mut command = Command::new("nice");
-        // A shell run through a link named HOG: the kernel names the task after the link.
-        let hog = dir.path().join(HOG);
-        std::os::unix::fs::symlink("/bin/sh", &hog).unwrap();
-        command
-            .args(["-n", "-5", "taskset", "-c", GATEWAY_CPU])
-            .arg(&hog)
-            .args(["-c", "while :; do :; done"]);
-        start(Spawn::command("hog", command))
+        cpu_hog(dir.path(), HOG, GATEWAY_CPU)
     });
 
     let rate: u64 = std::env::var("TRACER_E2E_RATE")
@@ -158,20 +150,12 @@ fn traced_run(hog: bool, binary: Binary) -> TracedRun {
         })
         .unwrap_or(RATE);
     let connections = if hog.is_some() { "1" } else { "8" };
-    let loadgen = Command::new("taskset")
-        .args(["-c", LOAD_CPU])
-        .arg(&bins.loadgen)
-        .args(["--url", &gateway_url, "--key", &key])
-        .args(["--rate", &rate.to_string()])
-        .args(["--duration", &LOAD_SECONDS.to_string(), "--warmup", "0"])
-        .args(["--connections", connections, "--quiet", "--requests-out"])
-        .arg(&client_csv)
-        .output()
-        .unwrap();
-    assert!(
-        loadgen.status.success(),
-        "loadgen failed: {}",
-        String::from_utf8_lossy(&loadgen.stderr)
+    open_loop(
+        &bins.loadgen,
+        LOAD_CPU,
+        &["--url", &gateway_url, "--key", &key],
+        (rate, LOAD_SECONDS, connections),
+        &client_csv,
     );
 
     tracer.signal(Signal::INT).unwrap();

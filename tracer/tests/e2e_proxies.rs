@@ -18,14 +18,14 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::TcpStream,
     path::Path,
-    process::Command,
     sync::Mutex,
     time::{Duration, Instant},
 };
 
 use attach_common::{
-    Binaries, Proc, Proxy, Row, Signal, Spawn, Stream, build_binaries, demo_gateway, free_port,
-    installed, mock_upstream, num, program_ids, read_csv, require_root, start, still_loaded,
+    Binaries, Proc, Proxy, Row, Signal, Spawn, Stream, build_binaries, cpu_hog, demo_gateway,
+    free_port, installed, mock_upstream, num, open_loop, program_ids, read_csv, require_root,
+    start, still_loaded,
 };
 
 const PROXY_CPU: &str = "0";
@@ -63,20 +63,12 @@ fn start_proxy(proxy: Proxy, dir: &Path, port: u16, upstream: &str) -> Proc {
 /// loadgen at [`RATE`] against `url` (`--direct`: path /echo, which every proxy forwards);
 /// its client.csv rows.
 fn load(loadgen: &Path, url: &str, csv: &Path) -> Vec<Row> {
-    let out = Command::new("taskset")
-        .args(["-c", LOAD_CPU])
-        .arg(loadgen)
-        .args(["--url", url, "--direct"])
-        .args(["--rate", &RATE.to_string()])
-        .args(["--duration", &LOAD_SECONDS.to_string(), "--warmup", "0"])
-        .args(["--connections", CONNECTIONS, "--quiet", "--requests-out"])
-        .arg(csv)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "loadgen failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    open_loop(
+        loadgen,
+        LOAD_CPU,
+        &["--url", url, "--direct"],
+        (RATE, LOAD_SECONDS, CONNECTIONS),
+        csv,
     );
     read_csv(csv)
 }
@@ -122,18 +114,7 @@ fn session(proxy: Proxy, bins: &Binaries, upstream: &str, dir: &Path, hog: bool)
     if let Err(err) = tracer.wait_for_prefix("tracer: program ids ", READY_TIMEOUT) {
         panic!("{err:#}");
     }
-    let hog = hog.then(|| {
-        let mut command = Command::new("nice");
-        // A shell run through a link named HOG: the kernel names the task after the link.
-        let link = dir.join(HOG);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink("/bin/sh", &link).unwrap();
-        command
-            .args(["-n", "-5", "taskset", "-c", PROXY_CPU])
-            .arg(&link)
-            .args(["-c", "while :; do :; done"]);
-        start(Spawn::command("hog", command))
-    });
+    let hog = hog.then(|| cpu_hog(dir, HOG, PROXY_CPU));
     let client = load(
         &bins.loadgen,
         &format!("http://127.0.0.1:{port}"),
@@ -343,19 +324,12 @@ fn the_gateway_traced_kernel_only_agrees_with_its_exact_trace() {
     };
     let mut exact = tracer("exact", &["--no-calibrate"]);
     let mut kernel_only = tracer("kernel-only", &["--kernel-only"]);
-    let out = Command::new("taskset")
-        .args(["-c", LOAD_CPU])
-        .arg(&bins.loadgen)
-        .args(["--url", &url, "--key", &key])
-        .args(["--rate", &RATE.to_string()])
-        .args(["--duration", &LOAD_SECONDS.to_string(), "--warmup", "0"])
-        .args(["--connections", CONNECTIONS, "--quiet"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "loadgen failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    open_loop(
+        &bins.loadgen,
+        LOAD_CPU,
+        &["--url", &url, "--key", &key],
+        (RATE, LOAD_SECONDS, CONNECTIONS),
+        &dir.path().join("client.csv"),
     );
     let mut rows = Vec::new();
     for (name, tracer) in [("exact", &mut exact), ("kernel-only", &mut kernel_only)] {

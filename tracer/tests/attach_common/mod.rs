@@ -224,6 +224,47 @@ pub fn mock_upstream(bins: &Binaries, delay_ms: u64, cpu: &str) -> (Proc, String
     (mock, addr)
 }
 
+/// loadgen's open loop, pinned to `cpu`: `rate` requests a second for `seconds` (no warm-up)
+/// over `connections` keep-alive connections, against `target` (`--url` and what it needs:
+/// `--key K`, or `--direct`), each request logged to `requests_out`. Panics if it fails.
+pub fn open_loop(
+    loadgen: &Path,
+    cpu: &str,
+    target: &[&str],
+    (rate, seconds, connections): (u64, u64, &str),
+    requests_out: &Path,
+) {
+    let out = Command::new("taskset")
+        .args(["-c", cpu])
+        .arg(loadgen)
+        .args(target)
+        .args(["--rate", &rate.to_string()])
+        .args(["--duration", &seconds.to_string(), "--warmup", "0"])
+        .args(["--connections", connections, "--quiet", "--requests-out"])
+        .arg(requests_out)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "loadgen failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CPU hog at nice -5 (weighted ~3x a nice-0 thread) pinned to `cpu`, named `name` (a shell
+/// run through a link of that name in `dir`: the kernel names the task after the link).
+pub fn cpu_hog(dir: &Path, name: &str, cpu: &str) -> Proc {
+    let link = dir.join(name);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("/bin/sh", &link).unwrap();
+    let mut command = Command::new("nice");
+    command
+        .args(["-n", "-5", "taskset", "-c", cpu])
+        .arg(&link)
+        .args(["-c", "while :; do :; done"]);
+    start(Spawn::command("hog", command))
+}
+
 /// Starts `spawn` (a [`Proc`]: stopped and reaped on drop, so a failing assertion leaves
 /// nothing running), panicking with why it could not.
 pub fn start(spawn: Spawn) -> Proc {
