@@ -17,6 +17,7 @@ use hyper::header::{HeaderName, HeaderValue};
 use rusqlite::Connection;
 use serde_json::Value;
 
+use crate::db;
 use crate::secrets::Sealer;
 use crate::upstream::{Pool, Pools, UpstreamUrl};
 
@@ -218,10 +219,7 @@ impl Config {
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
             let key_id: String = row.get(1)?;
-            let mac: Vec<u8> = row.get(2)?;
-            let secret_mac: [u8; 32] = mac
-                .try_into()
-                .map_err(|_| anyhow::anyhow!("api key {key_id}: stored MAC is not 32 bytes"))?;
+            let secret_mac = db::blob32(row, 2, || format!("api key {key_id}: stored MAC"))?;
             let services: String = row.get(3)?;
             let users: String = row.get(4)?;
             keys.insert(

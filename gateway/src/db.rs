@@ -178,6 +178,18 @@ fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Column `idx` of `row`, a blob of 32 bytes (a MAC, a public key); `what` names it in the
+/// error when it is another length.
+pub fn blob32(
+    row: &rusqlite::Row<'_>,
+    idx: usize,
+    what: impl FnOnce() -> String,
+) -> anyhow::Result<[u8; 32]> {
+    let blob: Vec<u8> = row.get(idx)?;
+    blob.try_into()
+        .map_err(|_| anyhow::anyhow!("{} is not 32 bytes", what()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

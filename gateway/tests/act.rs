@@ -25,12 +25,7 @@ fn happy_path_returns_upstream_body_and_a_durable_receipt() {
     let demo = Demo::new();
     let server = demo.serve();
     let reply = act(&server.addr, Some(&demo.key), Some(4242), OK_BODY);
-    assert_eq!(
-        reply.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&reply.body)
-    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(reply.header("x-request-id"), Some("4242"));
     let json = reply.json();
     assert_eq!(json["status"], 200);
@@ -183,12 +178,7 @@ fn bad_bodies_get_400_or_413() {
     ];
     for (i, (what, body, code)) in cases.iter().enumerate() {
         let reply = act(&server.addr, key, Some(100 + i as u64), body);
-        assert_eq!(
-            reply.status,
-            400,
-            "{what}: {}",
-            String::from_utf8_lossy(&reply.body)
-        );
+        assert_eq!(reply.status, 400, "{what}: {}", reply.text());
         assert_eq!(reply.code(), *code, "{what}");
     }
     // Exactly at the depth limit is fine.
@@ -331,12 +321,7 @@ fn denials_and_upstream_failures_get_their_status_and_a_receipt() {
     ];
     for (i, (what, key, body, status, code, _)) in cases.iter().enumerate() {
         let reply = act(&server.addr, *key, Some(1000 + i as u64), body);
-        assert_eq!(
-            reply.status,
-            *status,
-            "{what}: {}",
-            String::from_utf8_lossy(&reply.body)
-        );
+        assert_eq!(reply.status, *status, "{what}: {}", reply.text());
         assert_eq!(reply.code(), *code, "{what}");
     }
     // Rate limit: burst 1, then empty for ~1000 s.

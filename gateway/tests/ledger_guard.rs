@@ -67,12 +67,7 @@ fn item_15_writer_failure_fails_health_and_exits_with_the_error() {
     drop(conn);
 
     let reply = act(&server.addr, Some(&demo.key), Some(2), OK_BODY);
-    assert_eq!(
-        reply.status,
-        500,
-        "{}",
-        String::from_utf8_lossy(&reply.body)
-    );
+    assert_eq!(reply.status, 500, "{}", reply.text());
     assert_eq!(reply.code(), "receipt_failed");
     let status = wait_exit(&mut server, Duration::from_secs(30));
     assert!(!status.success(), "the gateway exited with {status}");

@@ -2,13 +2,14 @@
 //! and is a USDT probe that other tools see: `readelf -n` and `bpftrace -l` list its note,
 //! read independently of the tracer's own parser.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
+use common::{GATEWAY, symbol};
 use object::{Object, ObjectSection, ObjectSymbol};
 use tracer_ebpf::sites::{NOP5, Site, USDT_ARGS, USDT_PROVIDER};
-
-const GATEWAY: &str = env!("CARGO_BIN_EXE_gateway");
 
 #[test]
 fn probe_sites_start_with_nop5() {
@@ -17,10 +18,7 @@ fn probe_sites_start_with_nop5() {
     let notes = readelf_notes();
     for site in Site::ALL {
         let name = site.symbol();
-        let symbol = file
-            .symbols()
-            .find(|s| s.name() == Ok(name))
-            .unwrap_or_else(|| panic!("{name} is not in {GATEWAY}'s symbol table"));
+        let symbol = symbol(&file, name);
         let section = symbol
             .section_index()
             .and_then(|i| file.section_by_index(i).ok())

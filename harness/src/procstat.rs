@@ -88,15 +88,8 @@ pub fn comm_ppid_all() -> Vec<(u32, u32, String)> {
 }
 
 /// A `kB` field of /proc/PID/status, in KiB.
-pub fn parse_status_kib(status: &str, field: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-}
-
 pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    parse_status_kib(
+    session::proc_status_kib(
         &std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
         field,
     )
@@ -222,14 +215,6 @@ mod tests {
             comm.trim().to_owned(),
         );
         assert!(comm_ppid_all().contains(&me));
-    }
-
-    #[test]
-    fn status_fields() {
-        let status = "Name:\tx\nVmHWM:\t  1234 kB\nVmRSS:\t 99 kB\n";
-        assert_eq!(parse_status_kib(status, "VmHWM"), Some(1234));
-        assert_eq!(parse_status_kib(status, "VmRSS"), Some(99));
-        assert_eq!(parse_status_kib(status, "Vm"), None);
     }
 
     fn kernel_stats(cpus: &str) -> KernelStats {

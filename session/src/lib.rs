@@ -35,3 +35,29 @@ pub fn runs_holding(
     dirs.sort();
     Ok(dirs)
 }
+
+/// A `kB` field of a /proc/PID/status text, in KiB: the memory figures the tracer's cost and
+/// the harness's runs record (`VmHWM`, `VmRSS`).
+pub fn proc_status_kib(status: &str, field: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_status_fields() {
+        let status = "Name:\tx\nVmHWM:\t  1234 kB\nVmRSS:\t 99 kB\n";
+        assert_eq!(proc_status_kib(status, "VmHWM"), Some(1234));
+        assert_eq!(proc_status_kib(status, "VmRSS"), Some(99));
+        assert_eq!(proc_status_kib(status, "Vm"), None);
+        let status = "Name:\ttracer\nVmHWM:\t  40960 kB\nVmRSS:\t 2048 kB\n";
+        assert_eq!(proc_status_kib(status, "VmHWM"), Some(40_960));
+        assert_eq!(proc_status_kib(status, "VmRSS"), Some(2_048));
+        assert_eq!(proc_status_kib(status, "VmSwap"), None);
+    }
+}

@@ -8,6 +8,11 @@ fn sh(name: &str, script: &str) -> Spawn {
     Spawn::new(name, "/bin/sh").args(["-c", script])
 }
 
+/// [`sh`], started.
+fn started_sh(name: &str, script: &str) -> Proc {
+    sh(name, script).start().unwrap()
+}
+
 /// Whether `pid` is still a process named `comm`, a zombie included: false once reaped (or
 /// the pid reused by some other program).
 fn present(pid: u32, comm: &str) -> bool {
@@ -54,9 +59,7 @@ fn the_ready_line_is_found_on_either_stream() {
 
 #[test]
 fn a_ready_line_that_does_not_come_is_an_error_with_the_output() {
-    let mut proc = sh("slow", "echo starting up; echo warming >&2; sleep 30")
-        .start()
-        .unwrap();
+    let mut proc = started_sh("slow", "echo starting up; echo warming >&2; sleep 30");
     proc.wait_for_prefix("warming", LONG).unwrap();
     let err = proc
         .wait_for_prefix("listening on ", Duration::from_millis(200))
@@ -73,9 +76,7 @@ fn a_ready_line_that_does_not_come_is_an_error_with_the_output() {
 
 #[test]
 fn a_child_that_exits_before_its_ready_line_is_an_error_with_its_status_and_output() {
-    let mut proc = sh("tracer", "echo 'no probe sites' >&2; exit 3")
-        .start()
-        .unwrap();
+    let mut proc = started_sh("tracer", "echo 'no probe sites' >&2; exit 3");
     let text = format!("{:#}", proc.wait_for_prefix("ready", LONG).unwrap_err());
     assert!(text.contains("tracer exited (exit status: 3)"), "{text}");
     assert!(text.contains("no probe sites"), "{text}");
@@ -190,9 +191,7 @@ fn an_aborted_parent_leaves_no_process() {
 
 #[test]
 fn wait_timeout_kills_a_child_that_runs_on() {
-    let mut proc = sh("hanging", "echo still here; exec sleep 30")
-        .start()
-        .unwrap();
+    let mut proc = started_sh("hanging", "echo still here; exec sleep 30");
     proc.wait_for_prefix("still here", LONG).unwrap();
     let text = format!(
         "{:#}",

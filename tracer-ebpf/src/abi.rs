@@ -55,8 +55,11 @@ pub mod kind {
     /// `syscall::*` and args = [enter ts, fd, return value] like `SYSCALL`.
     pub const DATA: u16 = 11;
     /// Kernel-only mode: a target process forked a new process (tid = the child's pid,
-    /// args = [parent's tgid]; sub 0), which is now a target too, or a target process exited
-    /// (tid = its pid; sub 1).
+    /// args = [parent's tgid, 1 if the child may be a thread]; sub 0), which is now a target
+    /// too, or a target process exited (tid = its pid; sub 1). args[1] is 1 only with the
+    /// classic sched_process_fork tracepoint, whose record cannot tell a thread from a process
+    /// (the raw one reads the child's tgid): such a child is in TGIDS either way, harmlessly
+    /// (a thread's tid is no other live process's tgid), and its exit says nothing if a thread.
     pub const PROCESS: u16 = 12;
 }
 
@@ -232,6 +235,11 @@ pub struct Offsets {
     pub sock_net: u32,
     /// `net.ns.inum` (an unsigned int).
     pub net_inum: u32,
+    /// `task_struct.tgid` (an int): kernel-only mode's raw fork program tells a new process
+    /// (tgid == pid) from a new thread.
+    pub task_tgid: u32,
+    /// Keeps the struct a multiple of 8 bytes (no implicit padding for `Pod`).
+    pub _pad: u32,
 }
 
 impl Config {
@@ -246,7 +254,7 @@ impl Config {
 }
 
 #[cfg(feature = "user")]
-// SAFETY: repr(C), u32 + u32 + u64 + u32 + five u32s (40 bytes, a multiple of its 8-byte
+// SAFETY: repr(C), u32 + u32 + u64 + u32 + seven u32s (48 bytes, a multiple of its 8-byte
 // alignment), no padding.
 unsafe impl aya::Pod for Config {}
 
@@ -263,6 +271,6 @@ mod tests {
 
     #[test]
     fn config_has_no_padding() {
-        assert_eq!(core::mem::size_of::<Config>(), 4 + 4 + 8 + 4 + 5 * 4);
+        assert_eq!(core::mem::size_of::<Config>(), 4 + 4 + 8 + 4 + 7 * 4);
     }
 }

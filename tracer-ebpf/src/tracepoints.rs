@@ -24,6 +24,22 @@ const fn field(name: &'static str, offset: usize, size: usize) -> Field {
 
 /// `fd` (arg 0) of every traced `syscalls:sys_enter_*`.
 pub const SYS_ENTER_FD: Field = field("fd", 16, 8);
+/// Kernel-only mode: the user buffer (arg 1) of the data syscalls' `syscalls:sys_enter_*`, at
+/// the same offset in each but under each syscall's own name (see [`DATA_SYSCALL_BUFS`]).
+pub const SYS_ENTER_BUF: Field = field("buf", 24, 8);
+
+/// The data syscalls whose bytes kernel-only mode copies, with the name their enter record
+/// gives [`SYS_ENTER_BUF`] (read `buf`, recvfrom `ubuf`, sendto `buff`; readv and writev pass
+/// a `struct iovec *` `vec`, walked by the programs). User space checks each at attach time.
+pub const DATA_SYSCALL_BUFS: [(&str, Field); 6] = [
+    ("read", SYS_ENTER_BUF),
+    ("readv", field("vec", 24, 8)),
+    ("recvfrom", field("ubuf", 24, 8)),
+    ("write", SYS_ENTER_BUF),
+    ("writev", field("vec", 24, 8)),
+    ("sendto", field("buff", 24, 8)),
+];
+
 /// `ret` of every traced `syscalls:sys_exit_*`.
 pub const SYS_EXIT_RET: Field = field("ret", 16, 8);
 

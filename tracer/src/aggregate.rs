@@ -146,27 +146,18 @@ impl Aggregate {
 mod tests {
     use super::*;
     use crate::requests::Incomplete;
+    use crate::requests::synthetic::record_of_parts;
 
     fn record(id: u64, upstream: u64, scheduling: u64) -> Outcome {
         let mut parts = [0; PARTS];
         parts[Part::Upstream.index()] = upstream;
         parts[Part::Scheduling.index()] = scheduling;
-        Outcome::Complete(RequestRecord {
-            req_id: id,
-            status: 200,
-            t_arrive_ns: 1000,
-            t_done_ns: 1000 + upstream + scheduling,
-            parts,
-            slices: Vec::new(),
-            samples: Vec::new(),
-            offcpu: Vec::new(),
-            waits: None,
-            hits: Hits {
-                sites: 10,
-                syscalls: id as u32,
-                ..Hits::default()
-            },
-        })
+        let hits = Hits {
+            sites: 10,
+            syscalls: id as u32,
+            ..Hits::default()
+        };
+        Outcome::Complete(record_of_parts(id, 200, 1000, parts, hits))
     }
 
     #[test]

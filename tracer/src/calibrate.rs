@@ -861,8 +861,17 @@ mod tests {
         assert!(KindCost::from_rounds(Vec::new()).is_err());
     }
 
+    /// The cost of rounds of one unit an arm and one event, each `(untraced ns, traced ns)`.
+    fn cost_of(rounds: &[(u64, u64)]) -> KindCost {
+        let rounds = rounds
+            .iter()
+            .map(|&(untraced, traced)| round((untraced, 1), (traced, 1), 1))
+            .collect();
+        KindCost::from_rounds(rounds).unwrap()
+    }
+
     fn flat(ns: f64) -> KindCost {
-        KindCost::from_rounds(vec![round((0, 1), (ns as u64, 1), 1)]).unwrap()
+        cost_of(&[(0, ns as u64)])
     }
 
     fn calibration() -> Calibration {
@@ -908,12 +917,7 @@ mod tests {
         assert!(summary.contains("~6.9 us"), "{summary}");
         assert!(!summary.contains("noisy"), "{summary}");
         let mut noisy = calibration();
-        noisy.sched = KindCost::from_rounds(vec![
-            round((0, 1), (40, 1), 1),
-            round((0, 1), (90, 1), 1),
-            round((0, 1), (41, 1), 1),
-        ])
-        .unwrap();
+        noisy.sched = cost_of(&[(0, 40), (0, 90), (0, 41)]);
         assert!(
             noisy
                 .summary(&hits)
@@ -934,16 +938,11 @@ mod tests {
         let hits = hits();
         let mut noisy = calibration();
         // A busy neighbour: the traced arm came out faster in the median round.
-        noisy.sock = KindCost::from_rounds(vec![
-            round((400, 1), (110, 1), 1),
-            round((400, 1), (321, 1), 1),
-            round((0, 1), (1841, 1), 1),
-        ])
-        .unwrap();
+        noisy.sock = cost_of(&[(400, 110), (400, 321), (0, 1841)]);
         assert_eq!(noisy.sock.ns_per_hit, None);
         assert!(!noisy.sock.is_noisy(), "no figure to call noisy");
         // A median of exactly zero measures nothing either.
-        let zero = KindCost::from_rounds(vec![round((50, 1), (50, 1), 1)]).unwrap();
+        let zero = cost_of(&[(50, 50)]);
         assert_eq!(zero.ns_per_hit, None);
 
         let p = noisy.per_request(&hits);

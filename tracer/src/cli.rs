@@ -1,5 +1,5 @@
-//! Command line: `tracer record --pid PID [--duration S] [--out DIR] [--sample-hz N]
-//! [--ring-mib M]`.
+//! Command line: `tracer record --pid PID [--pid PID...] [--kernel-only] [--duration S]
+//! [--out DIR] [--sample-hz N] [--ring-mib M]`.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -25,9 +25,16 @@ pub enum Command {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct RecordArgs {
-    /// The gateway's pid.
+    /// The process to trace: the gateway's pid (exact mode), or a proxy's without probe sites
+    /// (kernel-only mode: nginx's master, haproxy, caddy; its child processes are followed).
+    /// Repeatable in kernel-only mode.
+    #[arg(long, required = true, num_args = 1)]
+    pub pid: Vec<u32>,
+    /// Trace in kernel-only mode even a process that has the probe sites: no uprobes; the
+    /// requests are found in the bytes of the data syscalls. A process without the sites is
+    /// traced this way anyway.
     #[arg(long)]
-    pub pid: u32,
+    pub kernel_only: bool,
     /// Stop after this many seconds (decimals allowed); default: until Ctrl-C or the target exits.
     #[arg(long, value_parser = parse_duration, allow_negative_numbers = true)]
     pub duration: Option<Duration>,
@@ -64,8 +71,14 @@ pub struct RecordArgs {
     #[arg(long)]
     pub wait_for: bool,
     /// Also write every event read, 40 bytes each, to this file (for validate's cross-check).
+    /// Kernel-only mode's DATA records are not in it (see --raw-data); its PROCESS events are.
     #[arg(long)]
     pub raw_events: Option<PathBuf>,
+    /// Kernel-only mode: also write every DATA record, in timestamp order, to this file as the
+    /// kernel wrote it (`tracer_ebpf::abi::DataEvent`, 560 bytes each; read back with
+    /// `tracer::events::data::read_dump`). For tests and for replaying a capture.
+    #[arg(long, hide = true)]
+    pub raw_data: Option<PathBuf>,
     /// How to hook syscalls and sockets: `auto` takes fentry, else kprobes, else tracepoints;
     /// any other value forces that kind and fails, saying why, if this kernel lacks it. The
     /// scheduler is always tracepoints, the probe sites uprobes.
@@ -139,10 +152,31 @@ mod tests {
     fn record_defaults() {
         let cli = Cli::parse_from(["tracer", "record", "--pid", "1"]);
         let Command::Record(args) = cli.command;
-        assert_eq!((args.pid, args.sample_hz, args.ring_mib), (1, 99, 64));
+        assert_eq!((args.pid, args.sample_hz, args.ring_mib), (vec![1], 99, 64));
+        assert!(!args.kernel_only);
         assert!(!args.phases && !args.offcpu_stacks && !args.wait_for && !args.empty_programs);
         assert_eq!(args.duration, None);
         assert_eq!(args.attach, Choice::Auto);
+    }
+
+    #[test]
+    fn several_pids_and_kernel_only() {
+        let cli = Cli::parse_from([
+            "tracer",
+            "record",
+            "--pid",
+            "10",
+            "--pid",
+            "20",
+            "--kernel-only",
+        ]);
+        let Command::Record(args) = cli.command;
+        assert_eq!(args.pid, vec![10, 20]);
+        assert!(args.kernel_only);
+        // At least one; one value per --pid.
+        assert!(Cli::try_parse_from(["tracer", "record"]).is_err());
+        assert!(Cli::try_parse_from(["tracer", "record", "--pid", "1", "2"]).is_err());
+        assert!(Cli::try_parse_from(["tracer", "record", "--pid", "x"]).is_err());
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub const INTERRUPTED_EXIT: i32 = 128 + SIGINT;
 /// loop looks every drain, at most 10 ms later, and ends the session writing its outputs. A
 /// SIGINT once stopping exits at once, writing nothing: the user asked twice. It still
 /// unmounts tracefs if this process mounted it (BPF links go with the process's fds).
-fn stop_signal() -> anyhow::Result<Arc<AtomicUsize>> {
+pub(crate) fn stop_signal() -> anyhow::Result<Arc<AtomicUsize>> {
     let stop = Arc::new(AtomicUsize::new(0));
     let stopping = Arc::new(AtomicBool::new(false));
     let install = |result: std::io::Result<_>| result.context("installing signal handlers");
@@ -63,7 +63,7 @@ fn stop_signal() -> anyhow::Result<Arc<AtomicUsize>> {
 }
 
 /// Waits up to `timeout` for the ring or the target; returns true if the target has exited.
-fn wait(ring: BorrowedFd<'_>, pidfd: BorrowedFd<'_>, timeout: Duration) -> bool {
+pub(crate) fn wait(ring: BorrowedFd<'_>, pidfd: BorrowedFd<'_>, timeout: Duration) -> bool {
     let mut fds = [
         PollFd::from_borrowed_fd(ring, PollFlags::IN),
         PollFd::from_borrowed_fd(pidfd, PollFlags::IN),
@@ -77,7 +77,7 @@ fn wait(ring: BorrowedFd<'_>, pidfd: BorrowedFd<'_>, timeout: Duration) -> bool 
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StopReason {
+pub(crate) enum StopReason {
     Signal(i32),
     Duration,
     TargetExited,
@@ -163,7 +163,7 @@ impl Rebuild {
 /// SCHED_IDLE: any other task on its CPU, a load generator or the system's own work, runs
 /// first. Set once attached: calibration times itself, and a starved attach would let a
 /// short-lived target exit before it is traced.
-fn yield_cpu_to_others() -> anyhow::Result<()> {
+pub(crate) fn yield_cpu_to_others() -> anyhow::Result<()> {
     // rustix has no sched_setscheduler.
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: plain syscall on this thread, with a valid sched_param.
@@ -179,7 +179,18 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     preflight::check()?;
     // Dropped last, after detach, on every path out.
     let _tracefs = tracefs::UnmountOnDrop;
-    let target = Target::open(args.pid)?;
+    let (targets, mode) = crate::attach::mode::open(&args.pid, args.kernel_only)?;
+    if mode.is_kernel_only() {
+        say!("tracer: mode: {mode}");
+        for missing in targets.iter().filter_map(Target::missing_sites) {
+            say!("tracer: exact mode needs the probe sites: {missing}");
+        }
+        return crate::kernel_only::run(args, &targets, &mode);
+    }
+    let Some(target) = targets.into_iter().next() else {
+        anyhow::bail!("no --pid given");
+    };
+    let pid = target.pid.get();
     let out = OutDir::open(&args.out, args.overwrite)?;
     let stop = stop_signal()?;
     // Opened by Target::open before it checked the pid: readable once the target has exited.
@@ -234,7 +245,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let stacks = session.take_stacks()?;
     let drops = session.take_drops()?;
     let mut meta = SessionMeta {
-        pid: args.pid,
+        pid,
         record_args: std::env::args().collect(),
         ..SessionMeta::default()
     };
@@ -264,7 +275,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
             Rebuilder::new()
         },
         writer: SessionWriter::create(&out, meta)?,
-        pictures: Pictures::start(args.pid, &out, args.wait_for, args.sample_hz)?,
+        pictures: Pictures::start(pid, &out, args.wait_for, args.sample_hz)?,
         tally: Tally::default(),
         hooks: Hooks::start(
             args.raw_events.as_deref(),
@@ -332,7 +343,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let why = match reason {
         StopReason::Signal(signal) => format!("signal {signal}"),
         StopReason::Duration => "duration reached".to_owned(),
-        StopReason::TargetExited => format!("pid {} exited", args.pid),
+        StopReason::TargetExited => format!("pid {pid} exited"),
     };
     say!(
         "tracer: stopped ({why}) after {traced_s:.1}s, detached in {detach_s:.1}s; {} events \

@@ -10,61 +10,17 @@ mod attach_common;
 
 use std::fs;
 use std::io::BufReader;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use attach_common::{Binaries, Proc, Signal, Spawn, cargo_build_binaries, start, wait_listening};
 use session::analysis::accuracy::{self, Accuracy};
-use testproc::{Proc, Signal, Spawn};
-
-struct Bins {
-    gateway: PathBuf,
-    mock_upstream: PathBuf,
-    loadgen: PathBuf,
-}
-
-/// `cargo build --release -p gateway -p loadgen`, reading the executables from cargo.
-fn build() -> Bins {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let output = Command::new(cargo)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args(["build", "--release", "-p", "gateway", "-p", "loadgen"])
-        .args(["--message-format", "json-render-diagnostics"])
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("running cargo build");
-    assert!(output.status.success(), "cargo build failed");
-    let exes: Vec<PathBuf> = output
-        .stdout
-        .split(|&b| b == b'\n')
-        .filter_map(|l| serde_json::from_slice::<serde_json::Value>(l).ok())
-        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .collect();
-    let find = |name: &str| {
-        exes.iter()
-            .find(|p| p.file_name().is_some_and(|f| f == name))
-            .cloned()
-            .unwrap_or_else(|| panic!("no {name} binary"))
-    };
-    Bins {
-        gateway: find("gateway"),
-        mock_upstream: find("mock-upstream"),
-        loadgen: find("loadgen"),
-    }
-}
-
-/// Starts `spawn` (stopped and reaped on drop, so a failing assertion leaves nothing
-/// running), panicking with why it could not.
-fn start(spawn: Spawn) -> Proc {
-    spawn.start().unwrap_or_else(|e| panic!("{e:#}"))
-}
 
 /// Starts a server that prints `listening on ADDR`; returns it and the address.
 fn serve(name: &str, command: Command) -> (Proc, String) {
     let mut server = start(Spawn::command(name, command));
-    let addr = server
-        .wait_for_prefix("listening on ", Duration::from_secs(20))
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let addr = wait_listening(&mut server);
     (server, addr)
 }
 
@@ -94,7 +50,7 @@ fn stop(mut tracer: Proc, out: &Path) -> serde_json::Value {
     serde_json::from_str(&fs::read_to_string(out.join("breakdown.json")).unwrap()).unwrap()
 }
 
-fn loadgen(bins: &Bins, url: &str, key: &str, rate: u32, secs: u32, csv: &Path) -> Command {
+fn loadgen(bins: &Binaries, url: &str, key: &str, rate: u32, secs: u32, csv: &Path) -> Command {
     let mut command = Command::new(&bins.loadgen);
     command
         .args(["--url", url, "--key", key, "--rate", &rate.to_string()])
@@ -135,7 +91,7 @@ fn client_and_tracer_agree_and_loss_is_never_attributed() {
     if !attach_common::require_root("client_and_tracer_agree_and_loss_is_never_attributed") {
         return;
     }
-    let bins = build();
+    let bins = cargo_build_binaries();
     let dir = tempfile::tempdir().unwrap();
     let mut mock = Command::new(&bins.mock_upstream);
     mock.args(["--listen", "127.0.0.1:0"]);

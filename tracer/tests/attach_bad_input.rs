@@ -30,6 +30,8 @@ fn missing_pid() {
     );
 }
 
+/// A binary without the sites is traced in kernel-only mode (issue 20), saying so and naming
+/// the sites exact mode would have needed.
 #[test]
 fn binary_without_probe_sites_names_them() {
     if !require_root("binary_without_probe_sites_names_them") {
@@ -39,8 +41,26 @@ fn binary_without_probe_sites_names_them() {
         .arg("30")
         .start()
         .unwrap();
-    let stderr = stderr_of(&["record", "--pid", &sleep.pid().to_string()]);
+    let pid = sleep.pid().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let output = run_tracer(&[
+        "record",
+        "--pid",
+        &pid,
+        "--duration",
+        "0.5",
+        "--sample-hz",
+        "0",
+        "--out",
+        &dir.path().join("out").to_string_lossy(),
+    ]);
     drop(sleep);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        stderr.contains(&format!("mode: kernel-only (pid {pid} runs ")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("which has no probe sites)"), "{stderr}");
     let n = tracer_ebpf::sites::Site::ALL.len();
     assert!(
         stderr.contains(&format!("lacks {n} of {n} probe sites")),

@@ -6,14 +6,13 @@
 //! nothing of ours left in the kernel. The same run on a `strip`ped copy of the gateway checks
 //! that the tracer finds the probe sites by their USDT notes.
 //!
-//! The binaries of the other packages come from `e2e_common::build_binaries`.
+//! The binaries of the other packages come from `attach_common::build_binaries`.
 //!
 //! `TRACER_ATTACH` (auto, tracepoint, kprobe, fentry) is passed as the tracer's `--attach`; a
 //! forced mode must then be the one breakdown.json says syscalls and sockets used.
 //! `TRACER_E2E_RATE` sets the request rate (default 300/s).
 
 mod attach_common;
-mod e2e_common;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -23,9 +22,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use attach_common::{leftover_uprobes, program_ids, require_root, still_loaded};
-use e2e_common::{Row, build_binaries, num, read_csv, start, wait_listening};
-use testproc::{Signal, Spawn, Stream};
+use attach_common::{
+    Row, Signal, Spawn, Stream, build_binaries, leftover_uprobes, num, program_ids, read_csv,
+    require_root, start, still_loaded, wait_listening,
+};
 
 /// The load: well below the gateway's max, so nothing queues and nothing may be lost.
 /// `TRACER_E2E_RATE` overrides it where the gateway is slower (an emulated guest).

@@ -13,7 +13,6 @@
 //!   at least doubles and grows by 1 ms or more.
 
 mod attach_common;
-mod e2e_common;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -24,8 +23,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use attach_common::{program_ids, require_root, still_loaded};
-use e2e_common::{Binaries, Row, build_binaries, num, read_csv, start, wait_listening};
+use attach_common::{
+    Binaries, Row, build_binaries, num, program_ids, read_csv, require_root, start, still_loaded,
+    wait_listening,
+};
 use testproc::{Proc, Signal, Spawn, Stream, proxy::Proxy};
 
 const PROXY_CPU: &str = "0";

@@ -8,7 +8,8 @@ use session::breakdown::Breakdown;
 use session::requests::{IncompleteRow, RequestRow};
 use tracer::out_dir::OutDir;
 use tracer::report::{SessionEnd, SessionMeta, SessionWriter};
-use tracer::requests::{Hits, Incomplete, Outcome, PARTS, Part, RequestRecord};
+use tracer::requests::synthetic::record_of_parts;
+use tracer::requests::{Hits, Incomplete, Outcome, PARTS, Part};
 use tracer_ebpf::sites::Phase;
 
 mod xorshift;
@@ -50,25 +51,14 @@ fn session() -> Vec<Outcome> {
             set(Part::Cpu(phase), rng.range(2_000, 9_000));
         }
         set(Part::BlockedOther, rng.range(0, 3_000));
-        let total: u64 = parts.iter().sum();
-        out.push(Outcome::Complete(RequestRecord {
-            req_id: id,
-            status: 200,
-            t_arrive_ns: t,
-            t_done_ns: t + total,
-            parts,
-            slices: Vec::new(),
-            samples: Vec::new(),
-            offcpu: Vec::new(),
-            waits: None,
-            hits: Hits {
-                sites: 22,
-                syscalls: 4,
-                sock: 3,
-                sched: (id % 7) as u32,
-                samples: (id % 3 == 0) as u32,
-            },
-        }));
+        let hits = Hits {
+            sites: 22,
+            syscalls: 4,
+            sock: 3,
+            sched: (id % 7) as u32,
+            samples: (id % 3 == 0) as u32,
+        };
+        out.push(Outcome::Complete(record_of_parts(id, 200, t, parts, hits)));
         if id.is_multiple_of(400) {
             let reason = if id.is_multiple_of(800) {
                 "events lost"

@@ -7,6 +7,7 @@ use rusqlite::Connection;
 use serde::Serialize;
 
 use super::{Fields, GENESIS_HASH};
+use crate::db;
 
 /// One stored receipt, as `gateway receipts` prints it (blobs in hex).
 #[derive(Serialize)]
@@ -218,10 +219,7 @@ fn stored_keys(conn: &Connection) -> anyhow::Result<HashMap<String, VerifyingKey
     let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
         let id: String = r.get(0)?;
-        let public: Vec<u8> = r.get(1)?;
-        let public: [u8; 32] = public
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("signer {id}: public key is not 32 bytes"))?;
+        let public = db::blob32(r, 1, || format!("signer {id}: public key"))?;
         keys.insert(id, VerifyingKey::from_bytes(&public)?);
     }
     Ok(keys)

@@ -49,6 +49,20 @@ fn name_of(command: &Command) -> String {
         .map_or_else(String::new, |name| name.to_string_lossy().into_owned())
 }
 
+/// The built gateway binary that the tests run.
+pub const GATEWAY: &str = env!("CARGO_BIN_EXE_gateway");
+
+/// The symbol `name` of `file` (the parsed [`GATEWAY`]), panicking when it is not there.
+pub fn symbol<'data, 'file>(
+    file: &'file object::File<'data>,
+    name: &str,
+) -> object::Symbol<'data, 'file> {
+    use object::{Object as _, ObjectSymbol as _};
+    file.symbols()
+        .find(|s| s.name() == Ok(name))
+        .unwrap_or_else(|| panic!("{name} is not in {GATEWAY}'s symbol table"))
+}
+
 /// Starts `spawn`, panicking with why it could not.
 pub fn start(spawn: testproc::Spawn) -> testproc::Proc {
     spawn.start().unwrap_or_else(|e| panic!("{e:#}"))
@@ -115,13 +129,14 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// The body as text, for a failed assertion's message.
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.body)
+    }
+
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "body is not JSON ({e}): {}",
-                String::from_utf8_lossy(&self.body)
-            )
-        })
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.text()))
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {

@@ -14,7 +14,7 @@ use aya_ebpf::{
 };
 use tracer_ebpf::{
     abi::{
-        Config, Drops, Event, LOSS_SLOT, Loss, STACK_ENTRIES, STACK_FRAMES, Stack,
+        Config, DataEvent, Drops, Event, LOSS_SLOT, Loss, STACK_ENTRIES, STACK_FRAMES, Stack,
         TARGET_SOCKS_ENTRIES,
     },
     tracepoints::Field,
@@ -39,6 +39,12 @@ pub static DROPS: PerCpuArray<Drops> = PerCpuArray::with_max_entries(1, 0);
 /// pruned at exit. Needed where the program runs in another task's context (switch-in, wakeup).
 #[map]
 pub static TIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+
+/// Kernel-only mode: the target's processes (tgid → 1), seeded by user space with each
+/// `--pid` and its descendants, extended at fork, pruned at a process's exit. Unused (never
+/// looked up) in exact mode.
+#[map]
+pub static TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
 
 /// Sockets the target has touched (sk pointer → last fd sent, `u64::MAX` if not yet known).
 /// Entries go at TCP_CLOSE; LRU so that a missed close can never fill the map.
@@ -84,12 +90,38 @@ pub fn current() -> (u32, u32) {
     ((pid_tgid >> 32) as u32, pid_tgid as u32)
 }
 
+/// Whether `tgid` is a target process: `config.tgid`, or in kernel-only mode any in TGIDS
+/// (exact mode pays one more compare-and-branch on a miss, never a lookup).
+#[inline(always)]
+pub fn is_target_tgid(config: &Config, tgid: u32) -> bool {
+    tgid == config.tgid
+        || (config.flags & Config::KERNEL_ONLY != 0
+            // SAFETY: only tested for presence.
+            && unsafe { TGIDS.get(tgid) }.is_some())
+}
+
 /// The current thread's tid if it belongs to the target.
 #[inline(always)]
 pub fn current_target_tid() -> Option<u32> {
     let config = config()?;
     let (tgid, tid) = current();
-    (tgid == config.tgid).then_some(tid)
+    is_target_tgid(config, tgid).then_some(tid)
+}
+
+/// (tgid, tid) of the current thread if it belongs to the target.
+#[inline(always)]
+pub fn current_target() -> Option<(&'static Config, u32, u32)> {
+    let config = config()?;
+    let (tgid, tid) = current();
+    is_target_tgid(config, tgid).then_some((config, tgid, tid))
+}
+
+/// Kernel-only mode: adds `tgid` to TGIDS, counting a full map as `tids_full`.
+#[inline(always)]
+pub fn add_target_tgid(tgid: u32) {
+    if TGIDS.insert(tgid, 1, 0).is_err() {
+        count_drop(offset_of!(Drops, tids_full));
+    }
 }
 
 /// Adds `tid` to TIDS, counting a full map.
@@ -147,25 +179,63 @@ pub fn emit(ts_ns: u64, tid: u32, kind: u16, sub: u16, args: [u64; 3]) {
                 sub,
                 args,
             });
-            let threshold = config().map_or(0, |c| c.wakeup_bytes);
-            let flags = if EVENTS.query(u64::from(BPF_RB_AVAIL_DATA)) > threshold {
-                count_drop(offset_of!(Drops, forced_wakeups));
-                BPF_RB_FORCE_WAKEUP
-            } else {
-                BPF_RB_NO_WAKEUP
-            };
-            entry.submit(u64::from(flags));
+            entry.submit(submit_flags());
         }
-        None => {
-            if let Some(loss) = LOSS.get_ptr_mut(LOSS_SLOT) {
-                // SAFETY: a live per-CPU slot (see `bump`). The count is exact; if a nested
-                // program also loses an event, `last_ts_ns` keeps one of the two times, and the
-                // loss span user space builds still covers both (it starts at the previous poll).
-                unsafe {
-                    bump(&raw mut (*loss).count);
-                    (*loss).last_ts_ns = ts_ns;
-                }
+        None => count_loss(ts_ns),
+    }
+}
+
+/// Kernel-only mode: writes one [`DataEvent`] whose `event` is as [`emit`] would write it,
+/// with `tgid`, and whose bytes `fill` copies straight into the reserved record (returning how
+/// many it captured); or counts it as lost, as `emit` does.
+#[inline(always)]
+pub fn emit_data(
+    event: Event,
+    tgid: u32,
+    fill: impl FnOnce(*mut [u8; tracer_ebpf::abi::DATA_BYTES]) -> u32,
+) {
+    match EVENTS.reserve::<DataEvent>(0) {
+        Some(mut entry) => {
+            let record = entry.as_mut_ptr();
+            // SAFETY: `record` is the reserved, writable record of `size_of::<DataEvent>()`
+            // bytes; every field is written before submit (the bytes past `captured` are
+            // whatever the ring held, and are never read: `captured` bounds them).
+            unsafe {
+                (*record).event = event;
+                (*record).tgid = tgid;
+                (*record).captured = 0;
+                let captured = fill(&raw mut (*record).bytes);
+                (*record).captured = captured;
             }
+            entry.submit(submit_flags());
+        }
+        None => count_loss(event.ts_ns),
+    }
+}
+
+/// The submit flags: wake the reader only once the ring holds more than the threshold.
+#[inline(always)]
+fn submit_flags() -> u64 {
+    let threshold = config().map_or(0, |c| c.wakeup_bytes);
+    let flags = if EVENTS.query(u64::from(BPF_RB_AVAIL_DATA)) > threshold {
+        count_drop(offset_of!(Drops, forced_wakeups));
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    u64::from(flags)
+}
+
+/// An event that could not be reserved: counted in LOSS.
+#[inline(always)]
+fn count_loss(ts_ns: u64) {
+    if let Some(loss) = LOSS.get_ptr_mut(LOSS_SLOT) {
+        // SAFETY: a live per-CPU slot (see `bump`). The count is exact; if a nested
+        // program also loses an event, `last_ts_ns` keeps one of the two times, and the
+        // loss span user space builds still covers both (it starts at the previous poll).
+        unsafe {
+            bump(&raw mut (*loss).count);
+            (*loss).last_ts_ns = ts_ns;
         }
     }
 }

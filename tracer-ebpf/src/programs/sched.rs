@@ -29,8 +29,8 @@ use tracer_ebpf::{
 
 use super::{
     maps::{
-        STACK_SLOT_SWITCH, TIDS, add_target_tid, config, current, current_target_tid, emit, field,
-        is_target_tid, now, read_kernel, stack_id,
+        STACK_SLOT_SWITCH, TGIDS, TIDS, add_target_tgid, add_target_tid, config, current, emit,
+        field, is_target_tgid, is_target_tid, now, read_kernel, stack_id,
     },
     syscalls::IN_FLIGHT,
 };
@@ -168,7 +168,7 @@ fn switch(config: &Config, args: &impl Switch) -> u32 {
     let (tgid, prev_tid) = current();
     let next_tid = args.next_tid();
     let next_is_target = next_tid != 0 && is_target_tid(next_tid);
-    if tgid == config.tgid {
+    if is_target_tgid(config, tgid) {
         ts = now();
         let runnable = u16::from(args.runnable());
         let (kernel_stack, user_stack) = if config.flags & Config::OFFCPU_STACKS != 0 {
@@ -273,46 +273,94 @@ pub fn raw_sched_wakeup_new(ctx: RawTracePointContext) -> u32 {
     }
 }
 
-/// Runs in the parent's context; `child` is asked only for the target's forks.
+/// Runs in the parent's context; `child` is asked only for the target's forks, and gives the
+/// child's pid and, where the variant can read it, its tgid.
 #[inline(always)]
-fn fork(child: impl FnOnce(&Config) -> u32) -> u32 {
+fn fork(child: impl FnOnce(&Config) -> (u32, Option<u32>)) -> u32 {
     let Some(config) = config() else {
         return 0;
     };
-    if current().0 == config.tgid {
-        let child = child(config);
-        let _ = EXITED.remove(child);
-        add_target_tid(child);
+    let parent = current().0;
+    if !is_target_tgid(config, parent) {
+        return 0;
+    }
+    let (child, child_tgid) = child(config);
+    let _ = EXITED.remove(child);
+    add_target_tid(child);
+    if config.flags & Config::KERNEL_ONLY != 0 {
+        // A new process (not a thread) of a target process is a target too.
+        let maybe_thread = match child_tgid {
+            Some(tgid) if tgid != child => return 0, // a thread: TIDS is enough
+            Some(_) => 0,
+            None => 1,
+        };
+        add_target_tgid(child);
+        emit(
+            now(),
+            child,
+            kind::PROCESS,
+            0,
+            [u64::from(parent), maybe_thread, 0],
+        );
     }
     0
 }
 
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
-    fork(|_| field::<i32>(&ctx, FORK_CHILD_PID) as u32)
+    fork(|_| (field::<i32>(&ctx, FORK_CHILD_PID) as u32, None))
 }
 
 /// The same on kernels whose fork record has inline comms (the field is further on).
 #[tracepoint]
 pub fn sched_process_fork_fixed_comm(ctx: TracePointContext) -> u32 {
-    fork(|_| field::<i32>(&ctx, FORK_CHILD_PID_FIXED_COMM) as u32)
+    fork(|_| (field::<i32>(&ctx, FORK_CHILD_PID_FIXED_COMM) as u32, None))
 }
 
-/// `(struct task_struct *parent, struct task_struct *child)`.
+/// `(struct task_struct *parent, struct task_struct *child)`. The child's tgid is read only in
+/// kernel-only mode (exact mode keeps its one read).
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
 pub fn raw_sched_process_fork(ctx: RawTracePointContext) -> u32 {
-    fork(|config| task_arg_tid(&ctx, config, 1))
+    fork(|config| {
+        let pid = task_arg_tid(&ctx, config, 1);
+        let tgid = if config.flags & Config::KERNEL_ONLY != 0 {
+            Some(read_kernel::<i32>(ctx.arg(1), config.offsets.task_tgid) as u32)
+        } else {
+            None
+        };
+        (pid, tgid)
+    })
 }
 
-/// A thread of the target exits: forget it, so TIDS and IN_FLIGHT hold live threads only.
+/// A thread of the target exits: forget it, so TIDS and IN_FLIGHT hold live threads only. In
+/// kernel-only mode, a target process's main thread (tid == tgid) takes the process out of
+/// TGIDS, said with PROCESS sub 1; its other threads, should they exit after it (exit_group
+/// kills them in no set order), are still known by TIDS and forgotten too. (A process whose
+/// main thread exits long before the others, `pthread_exit` from main, stops being traced
+/// then; the proxies do not do that.)
 #[inline(always)]
 fn exit() -> u32 {
-    let Some(tid) = current_target_tid() else {
+    let Some(config) = config() else {
         return 0;
     };
+    let (tgid, tid) = current();
+    let kernel_only = config.flags & Config::KERNEL_ONLY != 0;
+    if !is_target_tgid(config, tgid) && !(kernel_only && is_target_tid(tid)) {
+        return 0;
+    }
     let _ = EXITED.insert(tid, 1, 0);
     let _ = TIDS.remove(tid);
     let _ = IN_FLIGHT.remove(tid);
+    if kernel_only {
+        if tid == tgid {
+            if TGIDS.remove(tgid).is_ok() {
+                emit(now(), tid, kind::PROCESS, 1, [0; 3]);
+            }
+        } else {
+            // A thread the classic fork program put in TGIDS not knowing it was one.
+            let _ = TGIDS.remove(tid);
+        }
+    }
     0
 }
 

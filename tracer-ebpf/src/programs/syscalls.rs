@@ -3,21 +3,28 @@
 //! `syscalls:sys_enter_*` / `sys_exit_*` tracepoints, fentry/fexit on the `__x64_sys_*`
 //! wrappers, or kprobe/kretprobe on them. Enter stores (ts, fd) per tid; exit emits one
 //! `SYSCALL` event with [enter ts, fd, ret].
+//!
+//! Kernel-only mode (`Config::KERNEL_ONLY`): the data syscalls (read, readv, recvfrom, write,
+//! writev, sendto) also keep their user buffer at enter, and an exit that moved bytes writes a
+//! `DATA` record (`abi::DataEvent`) with the first `DATA_BYTES` of them instead of the
+//! `SYSCALL` event. All three variants do: the tracepoints read the buffer from the record
+//! (checked against tracefs), fentry and kprobe from the user registers (`rsi`).
 
 use core::mem::offset_of;
 
 use aya_ebpf::{
-    helpers::bpf_probe_read_kernel,
+    cty::c_void,
+    helpers::{bpf_probe_read_kernel, bpf_probe_read_user, generated},
     macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
-    maps::HashMap,
+    maps::{HashMap, PerCpuArray},
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use tracer_ebpf::{
-    abi::{Drops, kind, syscall},
-    tracepoints::{SYS_ENTER_FD, SYS_EXIT_RET},
+    abi::{Config, DATA_BYTES, Drops, Event, kind, syscall},
+    tracepoints::{SYS_ENTER_BUF, SYS_ENTER_FD, SYS_EXIT_RET},
 };
 
-use super::maps::{count_drop, current_target_tid, emit, field, now};
+use super::maps::{count_drop, current_target, emit, emit_data, field, now};
 
 /// A syscall in progress on one thread. `id == 0`: none.
 #[repr(C)]
@@ -25,8 +32,20 @@ use super::maps::{count_drop, current_target_tid, emit, field, now};
 pub struct InFlight {
     pub enter_ts_ns: u64,
     pub fd: u64,
+    /// Kernel-only mode: the user buffer (readv, writev: the `struct iovec *`) of a data
+    /// syscall. 0 otherwise, and always in exact mode, which does not read it.
+    pub buf: u64,
     pub id: u16,
 }
+
+/// Iovecs of a readv/writev walked for its DATA bytes.
+const MAX_IOVECS: u64 = 4;
+
+/// Where readv/writev's iovecs are gathered before the record gets the first DATA_BYTES:
+/// twice the size, so that the verifier can bound "at `filled` (< DATA_BYTES), up to
+/// DATA_BYTES bytes" inside it. Syscall programs do not nest in each other on a CPU.
+#[map]
+static IOV_SCRATCH: PerCpuArray<[u8; 2 * DATA_BYTES]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Pruned with TIDS when a thread of the target exits.
 #[map]
@@ -44,6 +63,9 @@ pub fn in_flight(tid: u32) -> Option<InFlight> {
 /// `__x64_sys_*` wrappers take the user registers, not the arguments.
 const PT_REGS_DI: usize = 112;
 
+/// Offset of `si` (the second syscall argument: the data syscalls' buffer).
+const PT_REGS_SI: usize = 104;
+
 /// The fd argument of a syscall, from the user registers a `__x64_sys_*` wrapper was given.
 #[inline(always)]
 fn fd_from_regs(regs: *const u8) -> Option<u64> {
@@ -51,14 +73,106 @@ fn fd_from_regs(regs: *const u8) -> Option<u64> {
     unsafe { bpf_probe_read_kernel(regs.wrapping_add(PT_REGS_DI).cast::<u64>()) }.ok()
 }
 
+/// The buffer argument of a data syscall from the same registers (0 if unreadable, or when
+/// `data` is false: the other syscalls have none).
 #[inline(always)]
-fn enter(fd: u64, id: u16) -> u32 {
-    let Some(tid) = current_target_tid() else {
+fn buf_from_regs(regs: *const u8, data: bool) -> u64 {
+    if !data {
+        return 0;
+    }
+    // SAFETY: as in `fd_from_regs`.
+    unsafe { bpf_probe_read_kernel(regs.wrapping_add(PT_REGS_SI).cast::<u64>()) }.unwrap_or(0)
+}
+
+/// Copies the first `min(ret, DATA_BYTES)` bytes at user address `src` into `dst`; returns
+/// how many were copied: all of them, or 0 if the read failed (the helper zeroes `dst` then).
+#[inline(always)]
+fn copy_flat(dst: *mut [u8; DATA_BYTES], src: u64, ret: u64) -> u32 {
+    let n = if ret >= DATA_BYTES as u64 {
+        DATA_BYTES as u32
+    } else {
+        ret as u32 & (DATA_BYTES as u32 - 1)
+    };
+    // SAFETY: `dst` has DATA_BYTES writable bytes and n <= DATA_BYTES; a bad user address fails
+    // the read instead of faulting.
+    let r = unsafe { generated::bpf_probe_read_user(dst.cast(), n, src as *const c_void) };
+    if r == 0 { n } else { 0 }
+}
+
+/// readv/writev: walks up to [`MAX_IOVECS`] `struct iovec` {base, len} at user address `vec`,
+/// gathering bytes in order until `ret` (what the call moved) or DATA_BYTES are covered, then
+/// copies them into `dst`. Returns the bytes gathered before the first failed read.
+#[inline(always)]
+fn copy_iov(dst: *mut [u8; DATA_BYTES], vec: u64, ret: u64) -> u32 {
+    let Some(scratch) = IOV_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    let scratch = scratch.cast::<u8>();
+    let mut filled: u32 = 0;
+    let mut left = ret;
+    for i in 0..MAX_IOVECS {
+        if filled >= DATA_BYTES as u32 || left == 0 {
+            break;
+        }
+        // SAFETY: a probe read of user memory.
+        let Ok([base, len]) = (unsafe { bpf_probe_read_user((vec + i * 16) as *const [u64; 2]) })
+        else {
+            break;
+        };
+        let take = if len < left { len } else { left };
+        left -= take;
+        let room = u64::from(DATA_BYTES as u32 - filled);
+        let n = if take >= room { room } else { take };
+        let n = if n >= DATA_BYTES as u64 {
+            DATA_BYTES as u32
+        } else {
+            n as u32 & (DATA_BYTES as u32 - 1)
+        };
+        // The mask is for the verifier, which loses `filled`'s bound over the loop; read
+        // through a volatile so that LLVM, which knows filled < DATA_BYTES here, keeps it.
+        // SAFETY: a local.
+        let at = unsafe { core::ptr::read_volatile(&raw const filled) } & (DATA_BYTES as u32 - 1);
+        // SAFETY: at < DATA_BYTES and n <= DATA_BYTES, inside the 2 * DATA_BYTES scratch.
+        let r = unsafe {
+            generated::bpf_probe_read_user(
+                scratch.add(at as usize).cast(),
+                n,
+                base as *const c_void,
+            )
+        };
+        if r != 0 {
+            break;
+        }
+        filled += n;
+    }
+    if filled == 0 {
+        return 0;
+    }
+    // SAFETY: both sides have DATA_BYTES bytes; a kernel-to-kernel copy of map memory.
+    let r = unsafe {
+        generated::bpf_probe_read_kernel(dst.cast(), DATA_BYTES as u32, scratch as *const c_void)
+    };
+    if r == 0 {
+        filled.min(DATA_BYTES as u32)
+    } else {
+        0
+    }
+}
+
+/// `buf` is asked only in kernel-only mode (exact mode pays no read for it).
+#[inline(always)]
+fn enter(fd: u64, buf: impl FnOnce() -> u64, id: u16) -> u32 {
+    let Some((config, _, tid)) = current_target() else {
         return 0;
     };
     let call = InFlight {
         enter_ts_ns: now(),
         fd: u64::from(fd as u32),
+        buf: if config.flags & Config::KERNEL_ONLY != 0 {
+            buf()
+        } else {
+            0
+        },
         id,
     };
     match IN_FLIGHT.get_ptr_mut(tid) {
@@ -73,9 +187,10 @@ fn enter(fd: u64, id: u16) -> u32 {
     0
 }
 
+/// `data`: a data syscall (its InFlight has the buffer); `iov`: readv/writev.
 #[inline(always)]
-fn exit(ret: i64, id: u16) -> u32 {
-    let Some(tid) = current_target_tid() else {
+fn exit(ret: i64, id: u16, data: bool, iov: bool) -> u32 {
+    let Some((config, tgid, tid)) = current_target() else {
         return 0;
     };
     let Some(slot) = IN_FLIGHT.get_ptr_mut(tid) else {
@@ -89,35 +204,64 @@ fn exit(ret: i64, id: u16) -> u32 {
     }
     // SAFETY: as above. Cheaper than deleting the entry.
     unsafe { (*slot).id = 0 };
-    emit(
-        now(),
-        tid,
-        kind::SYSCALL,
-        id,
-        [call.enter_ts_ns, call.fd, ret as u64],
-    );
+    let args = [call.enter_ts_ns, call.fd, ret as u64];
+    if data && ret > 0 && config.flags & Config::KERNEL_ONLY != 0 {
+        let event = Event {
+            ts_ns: now(),
+            tid,
+            kind: kind::DATA,
+            sub: id,
+            args,
+        };
+        emit_data(event, tgid, |bytes| {
+            if iov {
+                copy_iov(bytes, call.buf, ret as u64)
+            } else {
+                copy_flat(bytes, call.buf, ret as u64)
+            }
+        });
+    } else {
+        emit(now(), tid, kind::SYSCALL, id, args);
+    }
     0
 }
 
 /// The six programs of one syscall; user space finds them by the names in
 /// `tracer_ebpf::tracepoints::SyscallPrograms`.
+/// `data`: a data syscall, whose buffer (arg 1) is kept for kernel-only mode; `iov`: that
+/// buffer is a `struct iovec *`.
 macro_rules! traced_syscall {
     ($wrapper:literal, $id:expr,
      $tp_enter:ident, $tp_exit:ident, $fentry:ident, $fexit:ident, $kprobe:ident, $kretprobe:ident) => {
+        traced_syscall!(
+            $wrapper, $id, false, false, $tp_enter, $tp_exit, $fentry, $fexit, $kprobe, $kretprobe
+        );
+    };
+    ($wrapper:literal, $id:expr, $data:expr, $iov:expr,
+     $tp_enter:ident, $tp_exit:ident, $fentry:ident, $fexit:ident, $kprobe:ident, $kretprobe:ident) => {
         #[tracepoint]
         pub fn $tp_enter(ctx: TracePointContext) -> u32 {
-            enter(field::<u64>(&ctx, SYS_ENTER_FD), $id)
+            // Only data syscalls have arg 1 at SYS_ENTER_BUF (fsync's record ends before it).
+            let buf = || {
+                if $data {
+                    field::<u64>(&ctx, SYS_ENTER_BUF)
+                } else {
+                    0
+                }
+            };
+            enter(field::<u64>(&ctx, SYS_ENTER_FD), buf, $id)
         }
 
         #[tracepoint]
         pub fn $tp_exit(ctx: TracePointContext) -> u32 {
-            exit(field(&ctx, SYS_EXIT_RET), $id)
+            exit(field(&ctx, SYS_EXIT_RET), $id, $data, $iov)
         }
 
         #[fentry(function = $wrapper)]
         pub fn $fentry(ctx: FEntryContext) -> u32 {
-            match fd_from_regs(ctx.arg(0)) {
-                Some(fd) => enter(fd, $id),
+            let regs: *const u8 = ctx.arg(0);
+            match fd_from_regs(regs) {
+                Some(fd) => enter(fd, || buf_from_regs(regs, $data), $id),
                 None => 0,
             }
         }
@@ -125,20 +269,23 @@ macro_rules! traced_syscall {
         /// fexit's context is the arguments, then the return value.
         #[fexit(function = $wrapper)]
         pub fn $fexit(ctx: FExitContext) -> u32 {
-            exit(ctx.arg(1), $id)
+            exit(ctx.arg(1), $id, $data, $iov)
         }
 
         #[kprobe]
         pub fn $kprobe(ctx: ProbeContext) -> u32 {
-            match ctx.arg(0).and_then(fd_from_regs) {
-                Some(fd) => enter(fd, $id),
+            let Some(regs) = ctx.arg::<*const u8>(0) else {
+                return 0;
+            };
+            match fd_from_regs(regs) {
+                Some(fd) => enter(fd, || buf_from_regs(regs, $data), $id),
                 None => 0,
             }
         }
 
         #[kretprobe]
         pub fn $kretprobe(ctx: RetProbeContext) -> u32 {
-            exit(ctx.ret(), $id)
+            exit(ctx.ret(), $id, $data, $iov)
         }
     };
 }
@@ -166,6 +313,8 @@ traced_syscall!(
 traced_syscall!(
     "__x64_sys_read",
     syscall::READ,
+    true,
+    false,
     sys_enter_read,
     sys_exit_read,
     fentry_sys_read,
@@ -176,6 +325,8 @@ traced_syscall!(
 traced_syscall!(
     "__x64_sys_readv",
     syscall::READV,
+    true,
+    true,
     sys_enter_readv,
     sys_exit_readv,
     fentry_sys_readv,
@@ -186,6 +337,8 @@ traced_syscall!(
 traced_syscall!(
     "__x64_sys_recvfrom",
     syscall::RECVFROM,
+    true,
+    false,
     sys_enter_recvfrom,
     sys_exit_recvfrom,
     fentry_sys_recvfrom,
@@ -196,6 +349,8 @@ traced_syscall!(
 traced_syscall!(
     "__x64_sys_write",
     syscall::WRITE,
+    true,
+    false,
     sys_enter_write,
     sys_exit_write,
     fentry_sys_write,
@@ -206,6 +361,8 @@ traced_syscall!(
 traced_syscall!(
     "__x64_sys_writev",
     syscall::WRITEV,
+    true,
+    true,
     sys_enter_writev,
     sys_exit_writev,
     fentry_sys_writev,
@@ -216,6 +373,8 @@ traced_syscall!(
 traced_syscall!(
     "__x64_sys_sendto",
     syscall::SENDTO,
+    true,
+    false,
     sys_enter_sendto,
     sys_exit_sendto,
     fentry_sys_sendto,

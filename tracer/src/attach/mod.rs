@@ -5,6 +5,7 @@
 pub mod btf;
 pub mod detect;
 pub mod hooks;
+pub mod mode;
 pub mod preflight;
 pub mod samples;
 pub mod sched;
@@ -25,6 +26,7 @@ use aya::{
 };
 use tracer_ebpf::abi::{Config, Drops, Loss, Stack};
 
+pub use self::mode::Mode;
 use self::target::Target;
 
 /// The kernel programs, built by build.rs.
@@ -124,18 +126,41 @@ pub struct Session {
 }
 
 impl Session {
-    /// Attaches syscalls and sockets the way `plan` says ([`detect::Plan::new`]).
+    /// Attaches syscalls and sockets the way `plan` says ([`detect::Plan::new`]), in exact
+    /// mode.
     pub fn attach(
         target: &Target,
         options: &Options,
         plan: &detect::Plan,
     ) -> anyhow::Result<Session> {
+        Self::attach_mode(std::slice::from_ref(target), &Mode::Exact, options, plan)
+    }
+
+    /// Attaches in `mode`. Exact: `targets` is the one target. Kernel-only: TGIDS gets every
+    /// target and its descendant processes, TIDS their threads, LISTEN_PORTS the ports any of
+    /// them listens on (in the first one's network namespace); no probe site is attached.
+    pub fn attach_mode(
+        targets: &[Target],
+        mode: &Mode,
+        options: &Options,
+        plan: &detect::Plan,
+    ) -> anyhow::Result<Session> {
+        let Some(target) = targets.first() else {
+            bail!("no target to attach to");
+        };
+        let kernel_only = mode.is_kernel_only();
+        if !kernel_only && targets.len() > 1 {
+            bail!("exact mode traces one process");
+        }
         if OBJECT.is_empty() {
             bail!("this tracer was built with AYA_BUILD_SKIP=1 and has no eBPF programs");
         }
         tracefs::ensure_mounted()?;
         sockets::check()?;
         sched::check(plan.sched)?;
+        if kernel_only && plan.syscalls == hooks::Kind::Tracepoint {
+            syscalls::check_data_tracepoints()?;
+        }
         let btf = if [plan.syscalls, plan.sockets].contains(&hooks::Kind::Fentry) {
             Some(Btf::from_sys_fs().context("reading the kernel's BTF for fentry")?)
         } else {
@@ -155,6 +180,9 @@ impl Session {
         if options.empty_programs {
             flags |= Config::EMPTY_PROGRAMS;
         }
+        if kernel_only {
+            flags |= Config::KERNEL_ONLY;
+        }
         let config = Config {
             tgid: target.pid.get(),
             flags,
@@ -163,17 +191,35 @@ impl Session {
             offsets: plan.detected.offsets,
         };
         Array::<_, Config>::try_from(map(&mut ebpf, "CONFIG")?)?.set(0, config, 0)?;
-        let mut ports = HashMap::<_, u16, u8>::try_from(map(&mut ebpf, "LISTEN_PORTS")?)?;
-        let listen_ports = target.listen_ports()?;
-        for &port in &listen_ports {
-            ports.insert(port, 1, 0)?;
+        // Kernel-only: the targets first, so that the fork program, attached next, follows
+        // their children; then what /proc shows once it runs, so that none is missed.
+        if kernel_only {
+            let mut tgids = HashMap::<_, u32, u8>::try_from(map(&mut ebpf, "TGIDS")?)?;
+            for target in targets {
+                tgids.insert(target.pid.get(), 1, 0)?;
+            }
         }
-
         sched::attach_fork(&mut ebpf, plan.sched)?;
+        let (pids, seeded) = if kernel_only {
+            let seed = mode::Seed::read(targets);
+            let mut tgids = HashMap::<_, u32, u8>::try_from(map(&mut ebpf, "TGIDS")?)?;
+            for &tgid in &seed.tgids {
+                tgids
+                    .insert(tgid, 1, 0)
+                    .context("seeding TGIDS (more than 1024 target processes?)")?;
+            }
+            (seed.tgids, seed.tids)
+        } else {
+            (vec![target.pid.get()], target.tids()?)
+        };
         let mut tids = HashMap::<_, u32, u8>::try_from(map(&mut ebpf, "TIDS")?)?;
-        let seeded = target.tids()?;
         for &tid in &seeded {
             tids.insert(tid, 1, 0)?;
+        }
+        let mut ports = HashMap::<_, u16, u8>::try_from(map(&mut ebpf, "LISTEN_PORTS")?)?;
+        let listen_ports = self::target::listen_ports_of(&pids)?;
+        for &port in &listen_ports {
+            ports.insert(port, 1, 0)?;
         }
 
         let mut modes = Vec::new();
@@ -184,8 +230,13 @@ impl Session {
                 group: "sched",
                 mode: plan.sched.as_str(),
                 detail: format!(
-                    "{}; {} threads seeded; raw tracepoints {}",
+                    "{}; {}{} threads seeded; raw tracepoints {}",
                     sched::describe(plan.sched, n),
+                    if kernel_only {
+                        format!("{} processes and ", pids.len())
+                    } else {
+                        String::new()
+                    },
                     seeded.len(),
                     plan.detected.sched_raw_tracepoints
                 ),
@@ -223,7 +274,13 @@ impl Session {
                 ),
             });
         }
-        if options.attaches(Group::Sites) {
+        if kernel_only {
+            modes.push(AttachMode {
+                group: "sites",
+                mode: "none",
+                detail: format!("{mode}: no probe sites attached"),
+            });
+        } else if options.attaches(Group::Sites) {
             let n = sites::attach(&mut ebpf, target, options.phases)?;
             let which = if options.phases {
                 ""
@@ -248,16 +305,21 @@ impl Session {
             });
         }
         if options.sample_hz > 0 && options.attaches(Group::Samples) {
-            let allowed = target.cpus_allowed()?;
+            let allowed = self::target::cpus_allowed_of(&pids)?;
             let cpus = samples::attach(&mut ebpf, options.sample_hz, &allowed)?;
             let list: Vec<String> = cpus.iter().map(u32::to_string).collect();
             modes.push(AttachMode {
                 group: "samples",
                 mode: "perf_event",
                 detail: format!(
-                    "cpu-clock {} Hz on CPU {} (the target's affinity at attach)",
+                    "cpu-clock {} Hz on CPU {} (the {} affinity at attach)",
                     options.sample_hz,
-                    list.join(",")
+                    list.join(","),
+                    if pids.len() > 1 {
+                        "targets'"
+                    } else {
+                        "target's"
+                    }
                 ),
             });
         }
@@ -375,6 +437,49 @@ mod tests {
                 atomic_adds(&code) > 0,
                 "{name} programs count without an atomic add"
             );
+        }
+    }
+}
+
+/// The programs kernel-only mode adds to (the data syscalls' tracepoints, the raw and classic
+/// fork and exit programs) pass this kernel's verifier (root: loading needs CAP_BPF).
+#[cfg(test)]
+mod verifier_tests {
+    use aya::{
+        EbpfLoader,
+        programs::{RawTracePoint, TracePoint},
+    };
+
+    #[test]
+    fn kernel_only_programs_load() {
+        if super::OBJECT.is_empty() || !rustix::process::geteuid().is_root() {
+            eprintln!("SKIPPED kernel_only_programs_load: no programs, or not root");
+            return;
+        }
+        let mut ebpf = EbpfLoader::new().load(super::OBJECT).unwrap();
+        let mut names: Vec<String> = Vec::new();
+        for (name, _) in tracer_ebpf::tracepoints::SYSCALLS {
+            names.push(format!("sys_enter_{name}"));
+            names.push(format!("sys_exit_{name}"));
+        }
+        names.extend(
+            ["sched_process_fork", "sched_process_exit", "sched_switch"].map(str::to_owned),
+        );
+        for name in &names {
+            let program: &mut TracePoint = ebpf
+                .program_mut(name)
+                .unwrap_or_else(|| panic!("{name} missing"))
+                .try_into()
+                .unwrap();
+            program.load().unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        }
+        for name in [
+            "raw_sched_process_fork",
+            "raw_sched_process_exit",
+            "raw_sched_switch",
+        ] {
+            let program: &mut RawTracePoint = ebpf.program_mut(name).unwrap().try_into().unwrap();
+            program.load().unwrap_or_else(|e| panic!("{name}: {e:?}"));
         }
     }
 }

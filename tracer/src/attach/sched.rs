@@ -65,6 +65,7 @@ pub fn raw_offsets(btf: &Btf) -> anyhow::Result<Offsets> {
         task_pid: member("pid", 4)?,
         task_comm: member("comm", 16)?,
         task_exit_state: member("exit_state", 4)?,
+        task_tgid: member("tgid", 4)?,
         ..Offsets::default()
     })
 }
@@ -177,6 +178,7 @@ mod tests {
                 &[
                     ("pid", int, 1000),
                     ("exit_state", int, 996),
+                    ("tgid", int, 1004),
                     ("comm", comm, 2000),
                 ],
             );
@@ -220,5 +222,10 @@ mod tests {
         };
         let offsets = raw_offsets(&btf).unwrap();
         assert!(offsets.task_pid > 0 && offsets.task_comm > 0 && offsets.task_exit_state > 0);
+        assert_eq!(
+            offsets.task_tgid,
+            offsets.task_pid + 4,
+            "tgid follows pid in task_struct"
+        );
     }
 }

@@ -7,7 +7,7 @@
 
 use anyhow::Context as _;
 use aya::{Btf, Ebpf};
-use tracer_ebpf::tracepoints::{SYS_ENTER_FD, SYS_EXIT_RET, SYSCALLS};
+use tracer_ebpf::tracepoints::{DATA_SYSCALL_BUFS, SYS_ENTER_FD, SYS_EXIT_RET, SYSCALLS};
 
 use super::{
     hooks::{Hook, Kind, Link},
@@ -30,6 +30,21 @@ pub fn check_tracepoints() -> anyhow::Result<()> {
             "syscalls",
             &exit,
             &[SYS_EXIT_RET],
+        )?;
+    }
+    Ok(())
+}
+
+/// Kernel-only mode: the data syscalls' enter records have their buffer where the programs
+/// read it.
+pub fn check_data_tracepoints() -> anyhow::Result<()> {
+    for (name, buf) in DATA_SYSCALL_BUFS {
+        let enter = format!("sys_enter_{name}");
+        tracefs::check_fields(
+            &tracefs::read_format("syscalls", &enter)?,
+            "syscalls",
+            &enter,
+            &[buf],
         )?;
     }
     Ok(())
@@ -107,6 +122,16 @@ pub fn attach(ebpf: &mut Ebpf, kind: Kind, btf: Option<&Btf>) -> anyhow::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// This kernel's data syscalls have their buffer where kernel-only mode reads it.
+    #[test]
+    fn data_syscall_buffers_are_where_the_programs_read_them() {
+        if tracefs::read_format("syscalls", "sys_enter_read").is_err() {
+            eprintln!("SKIPPED data_syscall_buffers: no tracefs here");
+            return;
+        }
+        check_data_tracepoints().unwrap();
+    }
 
     /// Issue 21 item 9: falling back to kretprobes is said out loud, the other modes are not.
     #[test]

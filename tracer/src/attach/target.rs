@@ -52,6 +52,17 @@ impl Target {
     /// Checks that `pid` is a live process, seen with the kernel's own pids, whose binary has
     /// every probe site, each starting with the NOP5 the uprobe replaces.
     pub fn open(pid: u32) -> anyhow::Result<Self> {
+        let target = Self::open_any(pid)?;
+        if let Some(missing) = target.missing_sites() {
+            bail!("{missing}");
+        }
+        Ok(target)
+    }
+
+    /// [`Target::open`] but for the sites' presence: any live process of ours (a binary's
+    /// probe sites that are there are still checked). [`Target::missing_sites`] says what
+    /// it lacks.
+    pub fn open_any(pid: u32) -> anyhow::Result<Self> {
         let pid = NonZeroU32::new(pid).context("--pid 0 is not a process")?;
         // First: everything read below is about this process or, if it exits meanwhile and its
         // pid is reused, found out by `ensure_alive`.
@@ -72,22 +83,6 @@ impl Target {
         let exe = PathBuf::from(format!("/proc/self/fd/{}", exe_fd.as_raw_fd()));
         let sites = SiteOffsets::find(&exe)
             .with_context(|| format!("pid {pid} runs {}", exe_name.display()))?;
-        let missing = sites.missing();
-        if !missing.is_empty() {
-            let looked = match sites.found_by {
-                FoundBy::Notes => format!("in its `{USDT_PROVIDER}` stapsdt notes"),
-                FoundBy::Symbols => {
-                    format!("(it has no `{USDT_PROVIDER}` stapsdt notes; looked for symbols)")
-                }
-            };
-            bail!(
-                "pid {pid} runs {} which lacks {} of {} probe sites {looked}: {}",
-                exe_name.display(),
-                missing.len(),
-                Site::ALL.len(),
-                missing.join(", ")
-            );
-        }
         let netns = netns_inode(pid.get())?;
         ensure_alive(&pidfd, pid)?;
         Ok(Target {
@@ -101,22 +96,92 @@ impl Target {
         })
     }
 
-    pub fn tids(&self) -> anyhow::Result<Vec<u32>> {
-        let dir = format!("/proc/{}/task", self.pid);
-        let mut tids = Vec::new();
-        for entry in fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
-            if let Ok(tid) = entry?.file_name().to_string_lossy().parse() {
-                tids.push(tid);
-            }
+    /// Why exact mode cannot trace it: the probe sites its binary lacks, named, and where they
+    /// were looked for. `None` when it has all of them.
+    pub fn missing_sites(&self) -> Option<String> {
+        let missing = self.sites.missing();
+        if missing.is_empty() {
+            return None;
         }
-        Ok(tids)
+        let looked = match self.sites.found_by {
+            FoundBy::Notes => format!("in its `{USDT_PROVIDER}` stapsdt notes"),
+            FoundBy::Symbols => {
+                format!("(it has no `{USDT_PROVIDER}` stapsdt notes; looked for symbols)")
+            }
+        };
+        Some(format!(
+            "pid {} runs {} which lacks {} of {} probe sites {looked}: {}",
+            self.pid,
+            self.exe_name.display(),
+            missing.len(),
+            Site::ALL.len(),
+            missing.join(", ")
+        ))
+    }
+
+    pub fn tids(&self) -> anyhow::Result<Vec<u32>> {
+        tids_of(self.pid.get())
     }
 
     /// The CPUs any of its threads may run on now (the union of their `Cpus_allowed_list`).
     pub fn cpus_allowed(&self) -> anyhow::Result<Vec<u32>> {
-        let mut cpus = Vec::new();
-        for tid in self.tids()? {
-            let path = format!("/proc/{}/task/{tid}/status", self.pid);
+        cpus_allowed_of(&[self.pid.get()])
+    }
+
+    /// Local ports of TCP sockets in LISTEN state that are open in this process.
+    pub fn listen_ports(&self) -> anyhow::Result<Vec<u16>> {
+        listen_ports_of(&[self.pid.get()])
+    }
+}
+
+/// The threads of process `pid` now.
+pub fn tids_of(pid: u32) -> anyhow::Result<Vec<u32>> {
+    let dir = format!("/proc/{pid}/task");
+    let mut tids = Vec::new();
+    for entry in fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+        if let Ok(tid) = entry?.file_name().to_string_lossy().parse() {
+            tids.push(tid);
+        }
+    }
+    Ok(tids)
+}
+
+/// The child processes of `pid` and theirs, recursively (each thread's
+/// `/proc/PID/task/TID/children`), without `pid`; in the order found. A process that exits
+/// while it is read is left out.
+pub fn descendants_of(pid: u32) -> Vec<u32> {
+    let mut found: Vec<u32> = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(parent) = queue.pop() {
+        let Ok(tids) = tids_of(parent) else { continue };
+        for tid in tids {
+            let path = format!("/proc/{parent}/task/{tid}/children");
+            let Ok(text) = fs::read_to_string(&path) else {
+                continue;
+            };
+            for child in text
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+            {
+                if child != pid && !found.contains(&child) {
+                    found.push(child);
+                    queue.push(child);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The CPUs any thread of the processes `pids` may run on now (the union of their
+/// `Cpus_allowed_list`).
+pub fn cpus_allowed_of(pids: &[u32]) -> anyhow::Result<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for &pid in pids {
+        // A process that exited since it was listed has nothing left to read.
+        let Ok(tids) = tids_of(pid) else { continue };
+        for tid in tids {
+            let path = format!("/proc/{pid}/task/{tid}/status");
             // A thread that exited since the listing has no status left to read.
             let Ok(status) = fs::read_to_string(&path) else {
                 continue;
@@ -127,28 +192,38 @@ impl Target {
                 .with_context(|| format!("{path} has no Cpus_allowed_list"))?;
             cpus.extend(parse_cpu_list(list.trim()).with_context(|| format!("reading {path}"))?);
         }
-        cpus.sort_unstable();
-        cpus.dedup();
-        Ok(cpus)
     }
+    cpus.sort_unstable();
+    cpus.dedup();
+    Ok(cpus)
+}
 
-    /// Local ports of TCP sockets in LISTEN state that are open in this process.
-    pub fn listen_ports(&self) -> anyhow::Result<Vec<u16>> {
-        let inodes = socket_inodes(self.pid.get())?;
-        let mut ports = Vec::new();
-        for table in ["tcp", "tcp6"] {
-            let path = format!("/proc/{}/net/{table}", self.pid);
-            let Ok(text) = fs::read_to_string(&path) else {
-                continue;
-            };
-            for (port, inode) in listening_sockets(&text) {
-                if inodes.contains(&inode) && !ports.contains(&port) {
-                    ports.push(port);
-                }
+/// Local ports of TCP sockets in LISTEN state open in any of the processes `pids` (the first
+/// one's network namespace's tables: the kernel programs match ports in that one).
+pub fn listen_ports_of(pids: &[u32]) -> anyhow::Result<Vec<u16>> {
+    let Some(&first) = pids.first() else {
+        return Ok(Vec::new());
+    };
+    let mut inodes = socket_inodes(first)?;
+    for &pid in &pids[1..] {
+        // A process that exited since it was listed has no fds left to read.
+        if let Ok(more) = socket_inodes(pid) {
+            inodes.extend(more);
+        }
+    }
+    let mut ports = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let path = format!("/proc/{first}/net/{table}");
+        let Ok(text) = fs::read_to_string(&path) else {
+            continue;
+        };
+        for (port, inode) in listening_sockets(&text) {
+            if inodes.contains(&inode) && !ports.contains(&port) {
+                ports.push(port);
             }
         }
-        Ok(ports)
     }
+    Ok(ports)
 }
 
 /// The inode number of `pid`'s network namespace, as the kernel's `ns.inum`.

@@ -77,14 +77,6 @@ pub fn own_cpu_seconds() -> (f64, f64) {
     (secs(usage.ru_utime), secs(usage.ru_stime))
 }
 
-/// A `kB` field of a /proc/PID/status text, in KiB.
-pub fn status_kib(status: &str, field: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-}
-
 /// Measures the session from attach to the end. With `bpf_stats`, BPF run-time stats stay
 /// enabled while this lives (`BPF_ENABLE_STATS` is global and lasts as long as its fd). They
 /// add two clock reads to every program run, so they are off unless asked for.
@@ -150,8 +142,8 @@ impl CostMeter {
                 "cpu_system_s": sys,
                 // From attach to now: the steady reading cost.
                 "cpu_session_s": (user - self.cpu_before.0) + (sys - self.cpu_before.1),
-                "peak_rss_kib": status_kib(&status, "VmHWM"),
-                "rss_kib": status_kib(&status, "VmRSS"),
+                "peak_rss_kib": session::proc_status_kib(&status, "VmHWM"),
+                "rss_kib": session::proc_status_kib(&status, "VmRSS"),
             },
         });
         if let (Value::Object(map), Value::Object(more)) = (&mut v, extra) {
@@ -195,11 +187,7 @@ mod tests {
     }
 
     #[test]
-    fn status_fields() {
-        let status = "Name:\ttracer\nVmHWM:\t  40960 kB\nVmRSS:\t 2048 kB\n";
-        assert_eq!(status_kib(status, "VmHWM"), Some(40_960));
-        assert_eq!(status_kib(status, "VmRSS"), Some(2_048));
-        assert_eq!(status_kib(status, "VmSwap"), None);
+    fn own_cpu_seconds_are_not_negative() {
         let (user, sys) = own_cpu_seconds();
         assert!(user >= 0.0 && sys >= 0.0);
     }

@@ -66,17 +66,27 @@ impl Hooks {
         self.cost.programs_done();
     }
 
-    /// At the end, before `writer.finish`: adds `kernel`, `loss_spans` and `cost`.
-    pub fn finish(&mut self, rebuilder: &Rebuilder, writer: &mut SessionWriter) -> Result<()> {
-        let raw_events = match self.raw.take() {
+    /// Flushes the raw dump, if any: the events written to it, or its write error.
+    pub fn finish_raw(&mut self) -> Result<Option<u64>> {
+        match self.raw.take() {
             Some(raw) => {
                 if let Some(e) = self.raw_error.take() {
                     return Err(e).context("writing --raw-events");
                 }
-                Some(raw.finish().context("flushing --raw-events")?)
+                Ok(Some(raw.finish().context("flushing --raw-events")?))
             }
-            None => None,
-        };
+            None => Ok(None),
+        }
+    }
+
+    /// Loss spans seen (all, not only those kept).
+    pub fn loss_spans(&self) -> u64 {
+        self.spans_total
+    }
+
+    /// At the end, before `writer.finish`: adds `kernel`, `loss_spans` and `cost`.
+    pub fn finish(&mut self, rebuilder: &Rebuilder, writer: &mut SessionWriter) -> Result<()> {
+        let raw_events = self.finish_raw()?;
         writer.add_section("kernel", rebuilder.kernel().to_json());
         writer.add_section(
             "loss_spans",

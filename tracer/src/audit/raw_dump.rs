@@ -1,5 +1,7 @@
 //! The raw event dump (`tracer record --raw-events FILE`): every event the tracer read, in
-//! the order read, in the record format `session::analysis::crosscheck` reads.
+//! the order read, in the record format `session::analysis::crosscheck` reads. Kernel-only
+//! mode's DATA records are not events and are not in it (their own dump is `--raw-data`,
+//! `kernel_only.rs`); its PROCESS events are.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};

@@ -1,6 +1,6 @@
 //! Kernel-only sessions: a data syscall and the bytes it moved, as the rebuild reads it.
 
-use tracer_ebpf::abi::{DataEvent, syscall};
+use tracer_ebpf::abi::{DATA_BYTES, DataEvent, Event, kind, syscall};
 
 /// Which way the bytes went, seen from the traced process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -51,6 +51,25 @@ impl Data {
         })
     }
 
+    /// The record the kernel wrote for it (`captured` = `bytes.len()`; the bytes past it zero).
+    pub fn to_event(&self) -> DataEvent {
+        let mut bytes = [0; DATA_BYTES];
+        let captured = self.bytes.len().min(DATA_BYTES);
+        bytes[..captured].copy_from_slice(&self.bytes[..captured]);
+        DataEvent {
+            event: Event {
+                ts_ns: self.exit_ns,
+                tid: self.tid,
+                kind: kind::DATA,
+                sub: self.syscall,
+                args: [self.enter_ns, u64::from(self.fd), self.len],
+            },
+            tgid: self.tgid,
+            captured: captured as u32,
+            bytes,
+        }
+    }
+
     pub fn direction(&self) -> Direction {
         if syscall::is_receive(self.syscall) {
             Direction::Receive
@@ -63,4 +82,35 @@ impl Data {
     pub fn whole(&self) -> bool {
         self.bytes.len() as u64 == self.len
     }
+}
+
+/// A record's bytes as the kernel wrote them (the `--raw-data` dump's format).
+pub fn encode(record: &DataEvent) -> &[u8] {
+    // SAFETY: viewing a repr(C) struct without padding as bytes.
+    unsafe {
+        core::slice::from_raw_parts(
+            (record as *const DataEvent).cast::<u8>(),
+            size_of::<DataEvent>(),
+        )
+    }
+}
+
+/// Reads a `--raw-data` dump: [`DataEvent`]s back to back, each turned into [`Data`].
+pub fn read_dump(bytes: &[u8]) -> anyhow::Result<Vec<Data>> {
+    let size = size_of::<DataEvent>();
+    anyhow::ensure!(
+        bytes.len().is_multiple_of(size),
+        "a --raw-data dump of {} bytes is not a whole number of {size}-byte records",
+        bytes.len()
+    );
+    bytes
+        .chunks_exact(size)
+        .enumerate()
+        .map(|(i, chunk)| {
+            // SAFETY: `size` bytes of plain integers and bytes.
+            let record = unsafe { chunk.as_ptr().cast::<DataEvent>().read_unaligned() };
+            Data::from_event(&record)
+                .ok_or_else(|| anyhow::anyhow!("record {i} of the --raw-data dump moved nothing"))
+        })
+        .collect()
 }

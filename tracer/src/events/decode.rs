@@ -1,6 +1,23 @@
-//! Ring-buffer records → [`Event`].
+//! Ring-buffer records → [`Event`], and kernel-only mode's DATA records → [`Record::Data`].
 
-use tracer_ebpf::abi::Event;
+use tracer_ebpf::abi::{DataEvent, Event, kind};
+
+use super::{Record, data::Data};
+
+/// A record of either size the kernel writes: an [`Event`], or a [`DataEvent`] (kind DATA)
+/// turned into [`Data`]. `None`: malformed (another size, a DATA-sized record of another kind,
+/// or a DATA record that moved nothing, which the programs never write).
+pub fn decode_record(bytes: &[u8]) -> Option<Record> {
+    if bytes.len() == size_of::<DataEvent>() {
+        // SAFETY: the length matches and DataEvent is plain integers and bytes.
+        let record = unsafe { bytes.as_ptr().cast::<DataEvent>().read_unaligned() };
+        if record.event.kind != kind::DATA {
+            return None;
+        }
+        return Data::from_event(&record).map(|data| Record::Data(Box::new(data)));
+    }
+    decode(bytes).map(Record::Event)
+}
 
 /// The record as the kernel wrote it, or `None` for a record of the wrong size (which would
 /// mean the object and the tracer disagree on the ABI).
@@ -32,5 +49,33 @@ mod tests {
         };
         assert_eq!(decode(bytes), Some(event));
         assert_eq!(decode(&bytes[..39]), None);
+        assert_eq!(decode_record(bytes), Some(Record::Event(event)));
+    }
+
+    #[test]
+    fn decodes_a_data_record() {
+        let mut record = DataEvent {
+            event: Event {
+                ts_ns: 9,
+                tid: 4,
+                kind: kind::DATA,
+                sub: tracer_ebpf::abi::syscall::RECVFROM,
+                args: [5, 3, 6],
+            },
+            tgid: 2,
+            captured: 6,
+            bytes: [0; tracer_ebpf::abi::DATA_BYTES],
+        };
+        record.bytes[..6].copy_from_slice(b"GET / ");
+        let bytes = super::super::data::encode(&record);
+        let Some(Record::Data(data)) = decode_record(bytes) else {
+            panic!("not decoded");
+        };
+        assert_eq!((data.tgid, data.fd, data.len), (2, 3, 6));
+        assert_eq!(data.bytes, b"GET / ");
+        assert_eq!(data.to_event(), record);
+        // The wrong kind at DATA's size is malformed.
+        record.event.kind = kind::SYSCALL;
+        assert_eq!(decode_record(super::super::data::encode(&record)), None);
     }
 }

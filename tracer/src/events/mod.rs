@@ -13,12 +13,47 @@ use std::os::fd::{AsFd as _, BorrowedFd};
 use aya::maps::{MapData, RingBuf};
 use tracer_ebpf::abi::Event;
 
-use self::{loss::LossPoller, reorder::Reorder};
+use self::{data::Data, loss::LossPoller, reorder::Reorder};
+
+/// One record of the ordered stream: an event, or (kernel-only mode) a data syscall with its
+/// bytes, ordered by its `exit_ns`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    Event(Event),
+    Data(Box<Data>),
+}
+
+impl Record {
+    /// The time it sorts by: the event's `ts_ns`, the data syscall's exit.
+    pub fn ts_ns(&self) -> u64 {
+        match self {
+            Record::Event(event) => event.ts_ns,
+            Record::Data(data) => data.exit_ns,
+        }
+    }
+
+    /// Hands it to the sink's method for its kind.
+    pub fn send(&self, sink: &mut impl EventSink) {
+        match self {
+            Record::Event(event) => sink.push(event),
+            Record::Data(data) => sink.data(data),
+        }
+    }
+}
+
+impl From<Event> for Record {
+    fn from(event: Event) -> Record {
+        Record::Event(event)
+    }
+}
 
 /// Where the ordered stream goes (the rebuild, or a counter in tests).
 pub trait EventSink {
-    /// Events in non-decreasing `ts_ns` order.
+    /// Events in non-decreasing `ts_ns` order, interleaved with [`EventSink::data`].
     fn push(&mut self, event: &Event);
+    /// Kernel-only mode: a data syscall, in the same order (by `exit_ns`) as the events pushed
+    /// around it. Ignored by default (exact mode writes none).
+    fn data(&mut self, _data: &Data) {}
     /// Events may be missing in `[from_ns, to_ns]`. Called before any event newer than
     /// `from_ns` is pushed.
     fn lost(&mut self, from_ns: u64, to_ns: u64);
@@ -37,7 +72,10 @@ pub fn monotonic_ns() -> u64 {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Counters {
     pub events: u64,
-    /// Records whose size is not `size_of::<Event>()`.
+    /// DATA records (kernel-only mode), not in `events`.
+    pub data: u64,
+    /// Records whose size is neither `size_of::<Event>()` nor `size_of::<DataEvent>()`, or
+    /// DATA-sized ones that are not DATA records.
     pub malformed: u64,
 }
 
@@ -92,7 +130,7 @@ impl EventStream {
             .max(self.reorder.newest_ns())
             .saturating_sub(self.window_ns)
             .min(self.loss.settled_ns());
-        self.reorder.release(watermark, |event| sink.push(event));
+        self.reorder.release(watermark, |record| record.send(sink));
         Ok(())
     }
 
@@ -100,16 +138,19 @@ impl EventStream {
     pub fn finish(&mut self, sink: &mut impl EventSink) -> anyhow::Result<()> {
         self.drain_ring();
         self.poll_loss(monotonic_ns(), sink)?;
-        self.reorder.flush(|event| sink.push(event));
+        self.reorder.flush(|record| record.send(sink));
         Ok(())
     }
 
     fn drain_ring(&mut self) {
         while let Some(record) = self.ring.next() {
-            match decode::decode(&record) {
-                Some(event) => {
-                    self.counters.events += 1;
-                    self.reorder.push(event);
+            match decode::decode_record(&record) {
+                Some(record) => {
+                    match record {
+                        Record::Event(_) => self.counters.events += 1,
+                        Record::Data(_) => self.counters.data += 1,
+                    }
+                    self.reorder.push(record);
                 }
                 None => self.counters.malformed += 1,
             }
@@ -119,7 +160,7 @@ impl EventStream {
     fn poll_loss(&mut self, now: u64, sink: &mut impl EventSink) -> anyhow::Result<()> {
         if let Some((from, to)) = self.loss.poll(now)? {
             // Everything older than `from` may go first, so the sink sees the span in order.
-            self.reorder.release(from, |event| sink.push(event));
+            self.reorder.release(from, |record| record.send(sink));
             sink.lost(from, to);
         }
         Ok(())

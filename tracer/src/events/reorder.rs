@@ -8,12 +8,12 @@
 
 use std::collections::VecDeque;
 
-use tracer_ebpf::abi::Event;
+use super::Record;
 
 #[derive(Debug)]
 struct Held {
     key: (u64, u64),
-    event: Event,
+    record: Record,
 }
 
 #[derive(Debug, Default)]
@@ -27,15 +27,19 @@ pub struct Reorder {
 }
 
 impl Reorder {
-    pub fn push(&mut self, event: Event) {
-        if event.ts_ns < self.released_ns {
+    /// Takes an [`super::Event`] or a [`Record`] (kernel-only mode's data records sort by
+    /// their exit time, as the SYSCALL event they stand for would).
+    pub fn push(&mut self, record: impl Into<Record>) {
+        let record = record.into();
+        let ts_ns = record.ts_ns();
+        if ts_ns < self.released_ns {
             self.late += 1;
         }
-        self.newest_ns = self.newest_ns.max(event.ts_ns);
+        self.newest_ns = self.newest_ns.max(ts_ns);
         self.arrivals += 1;
         let held = Held {
-            key: (event.ts_ns, self.arrivals),
-            event,
+            key: (ts_ns, self.arrivals),
+            record,
         };
         // Arrival numbers only grow, so a key equal in ts goes after the held ones.
         if self.held.back().is_none_or(|last| last.key <= held.key) {
@@ -59,8 +63,8 @@ impl Reorder {
         self.held.is_empty()
     }
 
-    /// Hands every held event with `ts_ns < watermark_ns` to `sink`, oldest first.
-    pub fn release(&mut self, watermark_ns: u64, mut sink: impl FnMut(&Event)) {
+    /// Hands every held record with `ts_ns < watermark_ns` to `sink`, oldest first.
+    pub fn release(&mut self, watermark_ns: u64, mut sink: impl FnMut(&Record)) {
         while self
             .held
             .front()
@@ -70,19 +74,34 @@ impl Reorder {
                 break;
             };
             self.released_ns = held.key.0;
-            sink(&held.event);
+            sink(&held.record);
         }
     }
 
     /// Hands over everything still held (end of the session).
-    pub fn flush(&mut self, sink: impl FnMut(&Event)) {
+    pub fn flush(&mut self, sink: impl FnMut(&Record)) {
         self.release(u64::MAX, sink);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use tracer_ebpf::abi::Event;
+
     use super::*;
+    use crate::events::data::Data;
+
+    trait Key {
+        fn key(&self) -> (u64, u32);
+    }
+    impl Key for Record {
+        fn key(&self) -> (u64, u32) {
+            match self {
+                Record::Event(e) => (e.ts_ns, e.tid),
+                Record::Data(d) => (d.exit_ns, d.tid),
+            }
+        }
+    }
 
     fn at(ts_ns: u64, tid: u32) -> Event {
         Event {
@@ -99,15 +118,47 @@ mod tests {
             reorder.push(at(ts, tid));
         }
         let mut out = Vec::new();
-        reorder.release(30, |e| out.push((e.ts_ns, e.tid)));
+        reorder.release(30, |e| out.push(e.key()));
         // Equal timestamps keep their arrival order.
         assert_eq!(out, [(10, 2), (10, 4), (20, 3)]);
         assert_eq!(reorder.len(), 2);
         out.clear();
-        reorder.flush(|e| out.push((e.ts_ns, e.tid)));
+        reorder.flush(|e| out.push(e.key()));
         assert_eq!(out, [(30, 1), (50, 5)]);
         assert!(reorder.is_empty());
         assert_eq!(reorder.late, 0);
+    }
+
+    #[test]
+    fn data_records_interleave_by_exit_time() {
+        let data = |exit_ns, tid| {
+            Record::Data(Box::new(Data {
+                enter_ns: 0,
+                exit_ns,
+                tgid: 1,
+                tid,
+                fd: 3,
+                syscall: tracer_ebpf::abi::syscall::READ,
+                len: 1,
+                bytes: vec![b'x'],
+            }))
+        };
+        let mut reorder = Reorder::default();
+        reorder.push(at(30, 1));
+        reorder.push(data(20, 2));
+        reorder.push(at(10, 3));
+        reorder.push(data(40, 4));
+        let mut out = Vec::new();
+        reorder.flush(|e| out.push((e.key(), matches!(e, Record::Data(_)))));
+        assert_eq!(
+            out,
+            [
+                ((10, 3), false),
+                ((20, 2), true),
+                ((30, 1), false),
+                ((40, 4), true)
+            ]
+        );
     }
 
     #[test]
@@ -140,10 +191,10 @@ mod tests {
             reorder.push(*e);
             if i % 100 == 99 {
                 // A watermark well behind the newest: nothing older can still come.
-                reorder.release(e.ts_ns.saturating_sub(1000), |e| out.push((e.ts_ns, e.tid)));
+                reorder.release(e.ts_ns.saturating_sub(1000), |e| out.push(e.key()));
             }
         }
-        reorder.flush(|e| out.push((e.ts_ns, e.tid)));
+        reorder.flush(|e| out.push(e.key()));
         assert_eq!(out, expected);
         assert_eq!(reorder.late, 0);
     }

@@ -163,6 +163,15 @@ mod tests {
 
     use super::*;
 
+    /// The built slices as `(start, end, part)`.
+    fn spans(built: &Built) -> Vec<(u64, u64, Part)> {
+        built
+            .slices
+            .iter()
+            .map(|s| (s.start_ns, s.end_ns, s.part))
+            .collect()
+    }
+
     #[test]
     fn overlay_cuts_and_build_sums() {
         let mut t = Cover::default();
@@ -171,13 +180,8 @@ mod tests {
         t.push(Piece::new(30, 40, Part::Scheduling, 0));
         t.overlay(15, 35, Part::Upstream, 0);
         let b = t.build(0, 40).unwrap();
-        let got: Vec<_> = b
-            .slices
-            .iter()
-            .map(|s| (s.start_ns, s.end_ns, s.part))
-            .collect();
         assert_eq!(
-            got,
+            spans(&b),
             vec![
                 (0, 10, Part::Scheduling),
                 (10, 15, Part::BlockedOther),
@@ -198,13 +202,8 @@ mod tests {
             p.part == Part::Scheduling
         });
         let built = t.build(10, 40).unwrap();
-        let spans: Vec<_> = built
-            .slices
-            .iter()
-            .map(|s| (s.start_ns, s.end_ns, s.part))
-            .collect();
         assert_eq!(
-            spans,
+            spans(&built),
             [
                 (10, 20, Part::Cpu(Phase::ReceiptWait)),
                 (20, 30, Part::Signing),

@@ -185,6 +185,14 @@ fn paint(pieces: Vec<LedgerPiece>, top: LedgerPiece) -> Vec<LedgerPiece> {
 mod tests {
     use super::*;
 
+    /// The writer's split of the wait `[from, to)` as `(start, end, part)`.
+    fn split(w: &WriterLog, writer: u32, from: u64, to: u64) -> Vec<(u64, u64, Part)> {
+        w.split(writer, from, to)
+            .iter()
+            .map(|p| (p.start, p.end, p.part))
+            .collect()
+    }
+
     #[test]
     fn fsync_over_signing_over_other() {
         let mut w = WriterLog::default();
@@ -193,13 +201,8 @@ mod tests {
         w.sign_begin(125, 8); // another writer: ignored
         w.sign_end(128, 8);
         w.sync(130, 160, 9);
-        let got: Vec<_> = w
-            .split(9, 100, 170)
-            .iter()
-            .map(|p| (p.start, p.end, p.part))
-            .collect();
         assert_eq!(
-            got,
+            split(&w, 9, 100, 170),
             vec![
                 (100, 110, Part::LedgerOther),
                 (110, 120, Part::Signing),
@@ -214,11 +217,6 @@ mod tests {
     fn clipped_to_the_wait() {
         let mut w = WriterLog::default();
         w.sync(90, 140, 9);
-        let got: Vec<_> = w
-            .split(9, 100, 120)
-            .iter()
-            .map(|p| (p.start, p.end, p.part))
-            .collect();
-        assert_eq!(got, vec![(100, 120, Part::LedgerFsync)]);
+        assert_eq!(split(&w, 9, 100, 120), vec![(100, 120, Part::LedgerFsync)]);
     }
 }

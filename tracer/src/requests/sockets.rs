@@ -172,10 +172,16 @@ impl Sockets {
 mod tests {
     use super::*;
 
-    #[test]
-    fn arrival_is_first_ready_since_last_send() {
+    /// Sockets where socket `0xa` is known as fd 7.
+    fn fd_7_on_socket_a() -> Sockets {
         let mut s = Sockets::default();
         s.sock_fd(0xa, 7);
+        s
+    }
+
+    #[test]
+    fn arrival_is_first_ready_since_last_send() {
+        let mut s = fd_7_on_socket_a();
         s.data_ready(100, 0xa);
         s.data_ready(120, 0xa);
         assert_eq!(s.pending_arrival(7), Ok(100));
@@ -187,8 +193,7 @@ mod tests {
 
     #[test]
     fn dropped_history_is_an_error_not_a_later_answer() {
-        let mut s = Sockets::default();
-        s.sock_fd(0xa, 7);
+        let mut s = fd_7_on_socket_a();
         s.data_ready(100, 0xa);
         s.data_ready(150, 0xa);
         s.prune(120);
@@ -197,8 +202,7 @@ mod tests {
 
     #[test]
     fn idle_sockets_are_forgotten() {
-        let mut s = Sockets::default();
-        s.sock_fd(0xa, 7);
+        let mut s = fd_7_on_socket_a();
         s.data_ready(100, 0xa);
         s.sent(7, 200);
         s.prune(300);
@@ -209,8 +213,7 @@ mod tests {
 
     #[test]
     fn accept_forgets_the_old_pair() {
-        let mut s = Sockets::default();
-        s.sock_fd(0xa, 7);
+        let mut s = fd_7_on_socket_a();
         s.accepted(7);
         assert_eq!(s.sk_of(7), None);
         assert_eq!(s.fd_of(0xa), None);

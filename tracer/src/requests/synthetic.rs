@@ -207,6 +207,29 @@ impl Stream {
     }
 }
 
+/// A complete record of figures only, for the aggregates and reports built from it: done when
+/// its `parts` add up from `t_arrive_ns`, with no slices, samples, off-CPU charges or waits.
+pub fn record_of_parts(
+    req_id: u64,
+    status: u16,
+    t_arrive_ns: u64,
+    parts: [u64; super::PARTS],
+    hits: super::Hits,
+) -> super::RequestRecord {
+    super::RequestRecord {
+        req_id,
+        status,
+        t_arrive_ns,
+        t_done_ns: t_arrive_ns + parts.iter().sum::<u64>(),
+        parts,
+        slices: Vec::new(),
+        samples: Vec::new(),
+        offcpu: Vec::new(),
+        waits: None,
+        hits,
+    }
+}
+
 /// Request `req`'s record among `outcomes`; panics, listing them, when it is not complete.
 pub fn complete(outcomes: &[Outcome], req: u64) -> &super::RequestRecord {
     outcomes

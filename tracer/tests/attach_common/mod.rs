@@ -16,8 +16,8 @@ use std::{
     io::{Read as _, Write as _},
     net::{TcpListener, TcpStream},
     os::fd::AsRawFd as _,
-    path::Path,
-    process::{Command, Output},
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
@@ -27,7 +27,7 @@ use gateway::probe::{
     gw_probe_sign_end,
 };
 
-pub use testproc::{Proc, Signal, Stream};
+pub use testproc::{Proc, Signal, Spawn, Stream};
 
 pub const FIXTURE_ENV: &str = "TRACER_FIXTURE_SECS";
 /// How long the fixture may take to listen.
@@ -44,6 +44,105 @@ pub fn require_root(test: &str) -> bool {
     }
     eprintln!("SKIPPED {test}: needs root (eBPF); CI runs it as root");
     false
+}
+
+/// The executables of the tests on a real gateway: they belong to other packages, so cargo
+/// does not build them for a tracer test.
+pub struct Binaries {
+    pub gateway: PathBuf,
+    pub mock_upstream: PathBuf,
+    pub loadgen: PathBuf,
+}
+
+/// `cargo build --release -p gateway -p loadgen` (the cargo that runs the test, in the
+/// workspace, so `CARGO_TARGET_DIR` and `.cargo/config.toml` apply as for any build), taking
+/// the executables' paths from cargo's JSON messages.
+pub fn cargo_build_binaries() -> Binaries {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let output = Command::new(env!("CARGO"))
+        .current_dir(workspace)
+        .args(["build", "--release", "-p", "gateway", "-p", "loadgen"])
+        .args(["--message-format", "json-render-diagnostics"])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running cargo build");
+    assert!(
+        output.status.success(),
+        "cargo build failed: {}",
+        output.status
+    );
+    let executables: Vec<PathBuf> = output
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
+        .filter_map(|message| message["executable"].as_str().map(PathBuf::from))
+        .collect();
+    let find = |name: &str| {
+        executables
+            .iter()
+            .find(|path| path.file_name().is_some_and(|file| file == name))
+            .unwrap_or_else(|| panic!("cargo build produced no `{name}`"))
+            .clone()
+    };
+    Binaries {
+        gateway: find("gateway"),
+        mock_upstream: find("mock-upstream"),
+        loadgen: find("loadgen"),
+    }
+}
+
+/// The binaries from `TRACER_E2E_BIN_DIR` when it is set (`cargo xtask vmtest` builds them on
+/// the host for a guest without a toolchain), else built by [`cargo_build_binaries`].
+pub fn build_binaries() -> Binaries {
+    if let Some(dir) = std::env::var_os("TRACER_E2E_BIN_DIR") {
+        let dir = PathBuf::from(dir);
+        return Binaries {
+            gateway: dir.join("gateway"),
+            mock_upstream: dir.join("mock-upstream"),
+            loadgen: dir.join("loadgen"),
+        };
+    }
+    cargo_build_binaries()
+}
+
+/// A CSV row: column name → text.
+pub type Row = std::collections::BTreeMap<String, String>;
+
+/// A CSV with a header (a session's or loadgen's, which quote nothing), as rows.
+pub fn read_csv(path: &Path) -> Vec<Row> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    lines
+        .map(|line| {
+            let fields: Vec<&str> = line.split(',').collect();
+            assert_eq!(fields.len(), header.len(), "{}: {line}", path.display());
+            header
+                .iter()
+                .zip(fields)
+                .map(|(h, f)| ((*h).to_owned(), f.to_owned()))
+                .collect()
+        })
+        .collect()
+}
+
+pub fn num(row: &Row, column: &str) -> u64 {
+    row.get(column)
+        .unwrap_or_else(|| panic!("no column {column}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{column} is not a number: {row:?}"))
+}
+
+/// Starts `spawn` (a [`Proc`]: stopped and reaped on drop, so a failing assertion leaves
+/// nothing running), panicking with why it could not.
+pub fn start(spawn: Spawn) -> Proc {
+    spawn.start().unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// Waits for a server's `listening on ADDR` line; its address.
+pub fn wait_listening(proc: &mut Proc) -> String {
+    proc.wait_for_prefix("listening on ", Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 pub fn tracer() -> Command {
