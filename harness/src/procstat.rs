@@ -40,9 +40,10 @@ impl From<&Stat> for TreeEntry {
     }
 }
 
-/// CPU ticks of `root` and of every live descendant, plus what `root`'s reaped children used
-/// (a child's ticks move into its parent's cutime + cstime when it is reaped, so the sum runs
-/// on across a worker's exit); None when `root` is not among `entries`.
+/// CPU ticks of `root` and of every live descendant, each with what its reaped children used
+/// (a child's ticks, its own reaped children's included, move into its parent's cutime +
+/// cstime when it is reaped, so the sum runs on across a worker's exit); None when `root` is
+/// not among `entries`.
 pub fn tree_ticks(root: u32, entries: &[TreeEntry]) -> Option<u64> {
     let top = entries.iter().find(|e| e.pid == root)?;
     let mut total = top.own_ticks + top.reaped_children_ticks;
@@ -52,7 +53,7 @@ pub fn tree_ticks(root: u32, entries: &[TreeEntry]) -> Option<u64> {
             .iter()
             .filter(|e| e.ppid == parent && e.pid != parent)
         {
-            total += child.own_ticks;
+            total += child.own_ticks + child.reaped_children_ticks;
             frontier.push(child.pid);
         }
     }
@@ -172,31 +173,33 @@ mod tests {
         let entries = [
             entry(1, 0, 1000, 0),
             entry(10, 1, 5, 7),
-            entry(11, 10, 100, 0),
+            entry(11, 10, 100, 3),
             entry(12, 10, 200, 0),
             entry(13, 12, 30, 0),
             entry(40, 1, 999, 0),
         ];
-        assert_eq!(tree_ticks(10, &entries), Some(5 + 7 + 100 + 200 + 30));
+        assert_eq!(tree_ticks(10, &entries), Some(5 + 7 + 100 + 3 + 200 + 30));
         assert_eq!(tree_ticks(12, &entries), Some(230));
         assert_eq!(tree_ticks(99, &entries), None);
     }
 
     #[test]
     fn a_live_tree_counts_its_busy_children() {
-        // A shell whose two children spin for a while: the tree's CPU is theirs, the shell's own
-        // is next to nothing.
+        // A shell whose two subshells spin (no forks: shell arithmetic): the tree's CPU is
+        // theirs, the shell's own next to nothing. Its own process group, ended as one.
+        use std::os::unix::process::CommandExt as _;
         let mut shell = std::process::Command::new("sh")
             .args([
                 "-c",
-                "spin() { end=$(($(date +%s) + 2)); while [ $(date +%s) -lt $end ]; do :; done; }; \
-                 spin & spin & sleep 30",
+                "spin() { i=0; while :; do i=$((i + 1)); done; }; spin & spin & sleep 30",
             ])
+            .process_group(0)
             .spawn()
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1500));
         let (own, tree) = (cpu_seconds(shell.id()), tree_cpu_seconds(shell.id()));
-        let _ = shell.kill();
+        let group = rustix::process::Pid::from_raw(shell.id() as i32).unwrap();
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
         let _ = shell.wait();
         let (own, tree) = (own.unwrap(), tree.unwrap());
         assert!(own < 0.2, "the shell itself only waits: {own} s");
