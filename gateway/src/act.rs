@@ -99,7 +99,16 @@ pub async fn act(app: &App, req: Request<Incoming>, req_id: u64, client_id: u64)
             ),
         );
     };
-    let outcome = decide(app, &config, &key, &body, canonical_params, req_id).await;
+    let outcome = decide(
+        app,
+        &config,
+        &key,
+        &body,
+        canonical_params,
+        req_id,
+        client_id,
+    )
+    .await;
 
     let (status, error_code, decision, latency_us) = match &outcome {
         Outcome::Upstream { latency_us, .. } => (StatusCode::OK, "", "allow", *latency_us),
@@ -242,6 +251,7 @@ async fn decide(
     body: &ActBody,
     canonical_params: Vec<u8>,
     req_id: u64,
+    client_id: u64,
 ) -> Outcome {
     let deny = |status, code, message: Cow<'static, str>| Outcome::Denied {
         error: ApiError::new(status, code, message),
@@ -321,6 +331,9 @@ async fn decide(
             .header(HOST, service.pool.host().clone())
             .header(CONTENT_TYPE, "application/json")
             .header(service.credential.header_name(), credential)
+            // Forwarded as proxies do, so the upstream's logs (and a kernel-only trace) can
+            // join its request to the client's.
+            .header(crate::server::REQUEST_ID, client_id)
             .body(Full::new(Bytes::from(canonical_params)))
             .map_err(|_| {
                 deny(

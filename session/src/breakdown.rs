@@ -49,6 +49,30 @@ pub struct Breakdown {
     /// Absent when calibration was skipped (`--no-calibrate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<Calibration>,
+    /// A kernel-only session's joining of the proxied exchanges (sessions from 2026-12-03 on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_only: Option<KernelOnly>,
+}
+
+/// What a kernel-only session found in the data syscalls' bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelOnly {
+    /// Client request header blocks parsed; each ended as a request or an incomplete one.
+    pub client_requests: u64,
+    pub upstream_requests: u64,
+    pub exchanges: u64,
+    pub incomplete: u64,
+    /// Connections found unsupported (pipelined, HTTP/2, TLS, a header block past the bytes
+    /// captured...), by kind: counted, never guessed.
+    pub unsupported: BTreeMap<String, u64>,
+    pub idle_connections_dropped: u64,
+    /// Arrivals (or upstream replies) taken from a receive's enter for want of the socket's
+    /// data-ready.
+    pub arrival_from_syscall: u64,
+    /// Processes started by a target after attach and followed (nginx's workers).
+    pub processes_followed: Vec<u32>,
+    pub processes_exited: Vec<u32>,
 }
 
 /// A part's distribution over complete requests, µs.

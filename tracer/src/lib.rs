@@ -18,7 +18,6 @@ pub mod calibrate;
 pub mod cli;
 pub mod events;
 pub mod flame;
-pub mod kernel_only;
 pub mod out_dir;
 pub mod record;
 pub mod report;

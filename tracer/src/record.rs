@@ -20,11 +20,11 @@ use crate::{
     attach::{Options, Session, detect::Plan, preflight, target::Target, tracefs},
     audit::hooks::Hooks,
     cli::RecordArgs,
-    events::{DEFAULT_WINDOW_NS, EventSink, EventStream, monotonic_ns},
+    events::{DEFAULT_WINDOW_NS, EventSink, EventStream, data::Data, monotonic_ns},
     flame::Pictures,
     out_dir::OutDir,
     report::{SessionEnd, SessionMeta, SessionWriter},
-    requests::{Outcome, Rebuilder},
+    requests::{KernelOnlyRebuilder, Outcome, Rebuilder, SessionRebuilder},
 };
 
 /// Exit status of a second Ctrl-C: killed by SIGINT, as a shell reports it.
@@ -125,7 +125,7 @@ impl Tally {
 /// The ordered stream feeds the rebuild; its outcomes go to the session's files (and complete
 /// requests to the pictures' spill) as they come.
 struct Rebuild {
-    rebuilder: Rebuilder,
+    rebuilder: SessionRebuilder,
     writer: SessionWriter,
     pictures: Pictures,
     tally: Tally,
@@ -138,6 +138,11 @@ impl EventSink for Rebuild {
         self.tally.push(event);
         self.hooks.push(event);
         self.rebuilder.push(event);
+    }
+
+    fn data(&mut self, data: &Data) {
+        self.hooks.data(data);
+        self.rebuilder.data(data);
     }
 
     fn lost(&mut self, from_ns: u64, to_ns: u64) {
@@ -180,39 +185,46 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     // Dropped last, after detach, on every path out.
     let _tracefs = tracefs::UnmountOnDrop;
     let (targets, mode) = crate::attach::mode::open(&args.pid, args.kernel_only)?;
-    if mode.is_kernel_only() {
+    let kernel_only = mode.is_kernel_only();
+    if kernel_only {
         say!("tracer: mode: {mode}");
         for missing in targets.iter().filter_map(Target::missing_sites) {
             say!("tracer: exact mode needs the probe sites: {missing}");
         }
-        return crate::kernel_only::run(args, &targets, &mode);
+        for (asked, what) in [(args.phases, "--phases"), (args.wait_for, "--wait-for")] {
+            if asked {
+                say!("tracer: {what} needs the probe sites: ignored in kernel-only mode");
+            }
+        }
     }
-    let Some(target) = targets.into_iter().next() else {
+    let Some(first) = targets.first() else {
         anyhow::bail!("no --pid given");
     };
-    let pid = target.pid.get();
+    let pid = first.pid.get();
     let out = OutDir::open(&args.out, args.overwrite)?;
     let stop = stop_signal()?;
     // Opened by Target::open before it checked the pid: readable once the target has exited.
-    let pidfd = target.pidfd.clone();
+    let pidfd = first.pidfd.clone();
 
     let options = Options {
         sample_hz: args.sample_hz,
         ring_bytes: args.ring_mib << 20,
         stack_entries: args.stack_entries,
         offcpu_stacks: args.offcpu_stacks,
-        phases: args.phases,
+        phases: args.phases && !kernel_only,
         skip: args.skip.clone(),
         empty_programs: args.empty_programs,
     };
     let plan = Plan::new(args.attach)?;
-    // Before attaching, so the target's probes do not run during the calibration loops.
-    let calibration = crate::calibrate::before_attach(args.no_calibrate, &plan)?;
-    let mut session = Session::attach(&target, &options, &plan)?;
-    let mode = if args.wait_for {
-        format!("{} + wait-for", options.mode())
-    } else {
-        options.mode()
+    // Before attaching, so the target's probes do not run during the calibration loops. It
+    // measures the probe sites' cost, which a kernel-only session does not pay.
+    let calibration = crate::calibrate::before_attach(args.no_calibrate || kernel_only, &plan)?;
+    let mut session = Session::attach_mode(&targets, &mode, &options, &plan)?;
+    let wait_for = args.wait_for && !kernel_only;
+    let mode = match (kernel_only, wait_for) {
+        (true, _) => format!("{} + kernel-only", options.mode()),
+        (false, true) => format!("{} + wait-for", options.mode()),
+        (false, false) => options.mode(),
     };
     say!("tracer: mode {mode}");
     if options.empty_programs {
@@ -269,16 +281,17 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
             .insert(kind.to_owned(), availability.to_string());
     }
     let mut sink = Rebuild {
-        rebuilder: if args.wait_for {
-            Rebuilder::new().with_wait_for()
-        } else {
-            Rebuilder::new()
+        rebuilder: match (kernel_only, wait_for) {
+            (true, _) => SessionRebuilder::KernelOnly(KernelOnlyRebuilder::new()),
+            (false, true) => SessionRebuilder::Exact(Rebuilder::new().with_wait_for()),
+            (false, false) => SessionRebuilder::Exact(Rebuilder::new()),
         },
         writer: SessionWriter::create(&out, meta)?,
-        pictures: Pictures::start(pid, &out, args.wait_for, args.sample_hz)?,
+        pictures: Pictures::start(pid, &out, wait_for, args.sample_hz)?,
         tally: Tally::default(),
         hooks: Hooks::start(
             args.raw_events.as_deref(),
+            args.raw_data.as_deref(),
             args.overwrite,
             session.program_ids(),
             args.bpf_stats,
@@ -347,13 +360,18 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     };
     say!(
         "tracer: stopped ({why}) after {traced_s:.1}s, detached in {detach_s:.1}s; {} events \
-         ({} lost, {} late, {} malformed)",
+         and {} data records ({} lost, {} late, {} malformed)",
         stream.counters.events,
+        stream.counters.data,
         stream.lost_events(),
         stream.late_events(),
         stream.counters.malformed,
     );
     say!("tracer: events {}", sink.tally.summary());
+    if let SessionRebuilder::KernelOnly(r) = &sink.rebuilder {
+        say!("tracer: kernel-only {}", r.summary());
+        sink.writer.set_kernel_only(r.to_model());
+    }
     let (user_s, system_s) = crate::audit::cost::own_cpu_seconds();
     say!("tracer: own cpu {user_s:.2}s user + {system_s:.2}s system");
     let kernel_drops = crate::events::drops::read(&drops)?;
@@ -427,9 +445,12 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         lost_events: stream.lost_events(),
     })?;
     let drawing = Instant::now();
-    let pictures = sink
-        .pictures
-        .finish(&summary.bands, &stacks, sink.rebuilder.task_names())?;
+    let no_names = std::collections::HashMap::new();
+    let pictures = sink.pictures.finish(
+        &summary.bands,
+        &stacks,
+        sink.rebuilder.task_names().unwrap_or(&no_names),
+    )?;
     say!(
         "tracer: pictures of {} requests ({} tail, {} median band; {} samples, {} in the tail) \
          drawn in {:.1}s",

@@ -30,11 +30,12 @@ fn missing_pid() {
     );
 }
 
-/// A binary without the sites is traced in kernel-only mode (issue 20), saying so and naming
-/// the sites exact mode would have needed.
+/// A binary without the sites that is no server either (no listening port) is refused: the
+/// exact mode needs the sites, which it names, and the kernel-only mode (issue 20) an HTTP
+/// server to follow.
 #[test]
-fn binary_without_probe_sites_names_them() {
-    if !require_root("binary_without_probe_sites_names_them") {
+fn binary_without_probe_sites_or_a_port_is_refused_naming_the_sites() {
+    if !require_root("binary_without_probe_sites_or_a_port_is_refused_naming_the_sites") {
         return;
     }
     let sleep = testproc::Spawn::new("sleep", "sleep")
@@ -56,11 +57,16 @@ fn binary_without_probe_sites_names_them() {
     ]);
     drop(sleep);
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "{stderr}");
     assert!(
-        stderr.contains(&format!("mode: kernel-only (pid {pid} runs ")),
+        stderr.contains(&format!("kernel-only mode (pid {pid} runs ")),
         "{stderr}"
     );
-    assert!(stderr.contains("which has no probe sites)"), "{stderr}");
+    assert!(
+        stderr.contains("which has no probe sites) follows HTTP/1.1 servers and proxies")
+            && stderr.contains("listen on no TCP port"),
+        "{stderr}"
+    );
     let n = tracer_ebpf::sites::Site::ALL.len();
     assert!(
         stderr.contains(&format!("lacks {n} of {n} probe sites")),

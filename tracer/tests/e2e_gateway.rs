@@ -23,8 +23,8 @@ use std::{
 };
 
 use attach_common::{
-    Row, Signal, Spawn, Stream, build_binaries, leftover_uprobes, num, program_ids, read_csv,
-    require_root, start, still_loaded, wait_listening,
+    Row, Signal, Spawn, Stream, build_binaries, demo_gateway, leftover_uprobes, num, program_ids,
+    read_csv, require_root, start, still_loaded, wait_listening,
 };
 
 /// The load: well below the gateway's max, so nothing queues and nothing may be lost.
@@ -121,31 +121,8 @@ fn traced_run(hog: bool, binary: Binary) -> TracedRun {
             .cpus(Some(LOAD_CPU)),
     );
     let upstream = format!("http://{}", wait_listening(&mut mock));
-    let db = dir.path().join("ledger.db");
-    let init = Command::new(&gateway_bin)
-        .arg("init")
-        .arg("--db")
-        .arg(&db)
-        .args(["--demo", "--upstream", &upstream])
-        .output()
-        .unwrap();
-    assert!(
-        init.status.success(),
-        "gateway init: {}",
-        String::from_utf8_lossy(&init.stderr)
-    );
-    let key = String::from_utf8_lossy(&init.stdout)
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("api_key=").map(str::to_owned))
-        .expect("gateway init printed no api_key=");
-    let db_arg = db.to_str().unwrap();
-    let mut gateway = start(
-        Spawn::new("gateway", &gateway_bin)
-            .args(["serve", "--db", db_arg, "--listen", "127.0.0.1:0"])
-            .args(["--workers", "1"])
-            .cpus(Some(GATEWAY_CPU)),
-    );
-    let gateway_url = format!("http://{}", wait_listening(&mut gateway));
+    let (mut gateway, gateway_url, key) =
+        demo_gateway(&gateway_bin, dir.path(), &upstream, GATEWAY_CPU);
 
     let pid = gateway.pid().to_string();
     let attach = std::env::var("TRACER_ATTACH").unwrap_or_else(|_| "auto".to_owned());

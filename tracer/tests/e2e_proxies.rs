@@ -24,8 +24,8 @@ use std::{
 };
 
 use attach_common::{
-    Binaries, Row, build_binaries, num, program_ids, read_csv, require_root, start, still_loaded,
-    wait_listening,
+    Binaries, Row, build_binaries, demo_gateway, num, program_ids, read_csv, require_root, start,
+    still_loaded, wait_listening,
 };
 use testproc::{Proc, Signal, Spawn, Stream, proxy::Proxy};
 
@@ -349,4 +349,109 @@ fn haproxy_requests_are_traced_kernel_only() {
 #[test]
 fn caddy_requests_are_traced_kernel_only() {
     traced_proxy("caddy_requests_are_traced_kernel_only", Proxy::Caddy);
+}
+
+/// The nearest-rank quantile of `values`.
+fn quantile(mut values: Vec<u64>, q: f64) -> u64 {
+    assert!(!values.is_empty());
+    values.sort_unstable();
+    let rank = ((values.len() as f64 * q).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
+
+/// Our gateway traced twice at once, by its probe sites and kernel-only, on the same load:
+/// the two agree on each request's total and upstream (median and p99 within 5%), and the
+/// receipt's fsync, `ledger_fsync` in the exact split, shows as `blocked.fsync`.
+#[test]
+fn the_gateway_traced_kernel_only_agrees_with_its_exact_trace() {
+    if !require_root("the_gateway_traced_kernel_only_agrees_with_its_exact_trace") {
+        return;
+    }
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let bins = build_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let mut mock = start(
+        Spawn::new("mock-upstream", &bins.mock_upstream)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--delay-ms", &UPSTREAM_DELAY_MS.to_string()])
+            .cpus(Some(LOAD_CPU)),
+    );
+    let upstream = format!("http://{}", wait_listening(&mut mock));
+    let (gateway, url, key) = demo_gateway(&bins.gateway, dir.path(), &upstream, PROXY_CPU);
+    let pid = gateway.pid().to_string();
+    let tracer = |name: &str, extra: &[&str]| {
+        let mut tracer = start(
+            Spawn::new(name, env!("CARGO_BIN_EXE_tracer"))
+                .args(["record", "--pid", &pid, "--sample-hz", "0"])
+                .args(extra)
+                .arg("--out")
+                .arg(dir.path().join(name))
+                .cpus(Some(LOAD_CPU)),
+        );
+        if let Err(err) = tracer.wait_for_prefix("tracer: program ids ", READY_TIMEOUT) {
+            panic!("{err:#}");
+        }
+        tracer
+    };
+    let mut exact = tracer("exact", &["--no-calibrate"]);
+    let mut kernel_only = tracer("kernel-only", &["--kernel-only"]);
+    let out = Command::new("taskset")
+        .args(["-c", LOAD_CPU])
+        .arg(&bins.loadgen)
+        .args(["--url", &url, "--key", &key])
+        .args(["--rate", &RATE.to_string()])
+        .args(["--duration", &LOAD_SECONDS.to_string(), "--warmup", "0"])
+        .args(["--connections", CONNECTIONS, "--quiet"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "loadgen failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut rows = Vec::new();
+    for (name, tracer) in [("exact", &mut exact), ("kernel-only", &mut kernel_only)] {
+        tracer.signal(Signal::INT).unwrap();
+        let status = tracer
+            .wait_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let stderr = tracer.output_of(Stream::Stderr);
+        assert!(
+            status.success(),
+            "{name} tracer failed ({status}):\n{stderr}"
+        );
+        rows.push(read_csv(&dir.path().join(name).join("requests.csv")));
+    }
+    drop(gateway);
+    let (exact, kernel_only) = (&rows[0], &rows[1]);
+    assert!(
+        exact.len() as u64 >= RATE * LOAD_SECONDS * 8 / 9 && kernel_only.len() == exact.len(),
+        "exact traced {} requests, kernel-only {}",
+        exact.len(),
+        kernel_only.len()
+    );
+    let column = |rows: &[Row], name: &str| rows.iter().map(|r| num(r, name)).collect::<Vec<_>>();
+    for name in ["total_ns", "upstream_ns"] {
+        for q in [0.5, 0.99] {
+            let (a, b) = (
+                quantile(column(exact, name), q),
+                quantile(column(kernel_only, name), q),
+            );
+            let ratio = b as f64 / a as f64;
+            eprintln!("e2e gateway: {name} q{q}: exact {a} ns, kernel-only {b} ns (x{ratio:.3})");
+            assert!(
+                (0.95..=1.05).contains(&ratio),
+                "{name} at q{q}: exact {a} ns, kernel-only {b} ns (x{ratio:.3})"
+            );
+        }
+    }
+    let fsync: u64 = column(exact, "ledger_fsync_ns").iter().sum();
+    let blocked_fsync: u64 = column(kernel_only, "blocked.fsync_ns").iter().sum();
+    eprintln!("e2e gateway: ledger_fsync {fsync} ns in all, blocked.fsync {blocked_fsync} ns");
+    // The kernel-only split sees the writer's fsync only while the request's thread sleeps
+    // (not while it runs other work), so it may see less of it, never none of it.
+    assert!(
+        fsync > 0 && blocked_fsync * 2 >= fsync,
+        "ledger_fsync {fsync} ns in the exact split, blocked.fsync {blocked_fsync} ns kernel-only"
+    );
 }

@@ -14,10 +14,10 @@ use harness::privilege::Runner;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The gateway's pid.
+    /// The target's pid: a gateway with probe sites, or any HTTP/1.1 proxy (kernel-only).
     #[arg(long)]
     pid: u32,
-    /// Seconds to trace; default until Ctrl-C or the gateway exits.
+    /// Seconds to trace; default until Ctrl-C or the target exits.
     #[arg(long)]
     duration: Option<String>,
     /// Output directory for requests.csv and breakdown.json.

@@ -12,7 +12,7 @@ use std::fmt;
 
 use anyhow::bail;
 
-use super::target::{Target, descendants_of, tids_of};
+use super::target::{Target, descendants_of, listen_ports_of, tids_of};
 
 /// How a session traces, for the rest of the tracer (record.rs reads it).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,6 +109,23 @@ pub fn open(pids: &[u32], kernel_only: bool) -> anyhow::Result<(Vec<Target>, Mod
     }
     let sites: Vec<SitesOf> = targets.iter().map(SitesOf::of).collect();
     let mode = choose(&sites, kernel_only)?;
+    if let Mode::KernelOnly { reason } = &mode
+        && listen_ports_of(&Seed::read(&targets).tgids)?.is_empty()
+    {
+        let sites: Vec<String> = targets.iter().filter_map(Target::missing_sites).collect();
+        bail!(
+            "kernel-only mode ({reason}) follows HTTP/1.1 servers and proxies, and these \
+             processes listen on no TCP port: nothing to trace{}",
+            if sites.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ". The exact mode needs the probe sites: {}",
+                    sites.join("; ")
+                )
+            }
+        );
+    }
     Ok((targets, mode))
 }
 

@@ -10,9 +10,10 @@ use serde_json::json;
 use tracer_ebpf::abi::Event;
 
 use super::cost::CostMeter;
-use super::raw_dump::RawDump;
+use super::raw_dump::{DataDump, RawDump};
+use crate::events::data::Data;
 use crate::report::SessionWriter;
-use crate::requests::Rebuilder;
+use crate::requests::SessionRebuilder;
 
 /// Loss spans kept for breakdown.json; more are counted, not listed.
 const MAX_SPANS: usize = 10_000;
@@ -20,6 +21,7 @@ const MAX_SPANS: usize = 10_000;
 pub struct Hooks {
     raw: Option<RawDump>,
     raw_error: Option<std::io::Error>,
+    raw_data: Option<DataDump>,
     spans: Vec<(u64, u64)>,
     spans_total: u64,
     cost: CostMeter,
@@ -29,6 +31,7 @@ impl Hooks {
     /// Call once every program is attached. `overwrite`: replace an existing `raw_events`.
     pub fn start(
         raw_events: Option<&Path>,
+        raw_data: Option<&Path>,
         overwrite: bool,
         program_ids: Vec<u32>,
         bpf_stats: bool,
@@ -36,9 +39,13 @@ impl Hooks {
         let raw = raw_events
             .map(|path| RawDump::create(path, overwrite))
             .transpose()?;
+        let raw_data = raw_data
+            .map(|path| DataDump::create(path, overwrite))
+            .transpose()?;
         Ok(Hooks {
             raw,
             raw_error: None,
+            raw_data,
             spans: Vec::new(),
             spans_total: 0,
             cost: CostMeter::start(program_ids, bpf_stats),
@@ -51,6 +58,12 @@ impl Hooks {
             && let Err(e) = raw.write(event)
         {
             self.raw_error = Some(e);
+        }
+    }
+
+    pub fn data(&mut self, data: &Data) {
+        if let Some(dump) = &mut self.raw_data {
+            dump.write(data);
         }
     }
 
@@ -85,9 +98,19 @@ impl Hooks {
     }
 
     /// At the end, before `writer.finish`: adds `kernel`, `loss_spans` and `cost`.
-    pub fn finish(&mut self, rebuilder: &Rebuilder, writer: &mut SessionWriter) -> Result<()> {
+    pub fn finish(
+        &mut self,
+        rebuilder: &SessionRebuilder,
+        writer: &mut SessionWriter,
+    ) -> Result<()> {
         let raw_events = self.finish_raw()?;
-        writer.add_section("kernel", rebuilder.kernel().to_json());
+        if let Some(dump) = self.raw_data.take() {
+            let n = dump.finish()?;
+            say!("tracer: --raw-data: {n} data records written");
+        }
+        if let Some(kernel) = rebuilder.kernel() {
+            writer.add_section("kernel", kernel.to_json());
+        }
         writer.add_section(
             "loss_spans",
             json!(self.spans.iter().map(|&(a, b)| [a, b]).collect::<Vec<_>>()),

@@ -1,15 +1,17 @@
 //! The raw event dump (`tracer record --raw-events FILE`): every event the tracer read, in
 //! the order read, in the record format `session::analysis::crosscheck` reads. Kernel-only
 //! mode's DATA records are not events and are not in it (their own dump is `--raw-data`,
-//! `kernel_only.rs`); its PROCESS events are.
+//! [`DataDump`]); its PROCESS events are.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use session::analysis::crosscheck::encode;
 use tracer_ebpf::abi::Event;
+
+use crate::events::data::Data;
 
 /// Writes the raw dump: every event, in the order given, 40 bytes each.
 pub struct RawDump {
@@ -34,6 +36,45 @@ impl RawDump {
 
     pub fn finish(mut self) -> io::Result<u64> {
         self.out.flush()?;
+        Ok(self.written)
+    }
+}
+
+/// `--raw-data`: every DATA record as the kernel wrote it (`events::data::read_dump`).
+pub struct DataDump {
+    out: BufWriter<File>,
+    written: u64,
+    error: Option<std::io::Error>,
+}
+
+impl DataDump {
+    pub fn create(path: &Path, overwrite: bool) -> anyhow::Result<DataDump> {
+        let file = crate::out_dir::create_file_at(path, overwrite)?;
+        Ok(DataDump {
+            out: BufWriter::with_capacity(1 << 20, file),
+            written: 0,
+            error: None,
+        })
+    }
+
+    pub fn write(&mut self, data: &Data) {
+        if self.error.is_some() {
+            return;
+        }
+        match self
+            .out
+            .write_all(crate::events::data::encode(&data.to_event()))
+        {
+            Ok(()) => self.written += 1,
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    pub fn finish(mut self) -> anyhow::Result<u64> {
+        if let Some(e) = self.error.take() {
+            return Err(e).context("writing --raw-data");
+        }
+        self.out.flush().context("flushing --raw-data")?;
         Ok(self.written)
     }
 }

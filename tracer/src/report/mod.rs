@@ -67,6 +67,7 @@ pub struct SessionWriter {
     drops: Option<session::breakdown::Drops>,
     tracer: Option<session::breakdown::TracerCounters>,
     calibration: Option<session::breakdown::Calibration>,
+    kernel_only: Option<session::breakdown::KernelOnly>,
 }
 
 impl SessionWriter {
@@ -86,6 +87,7 @@ impl SessionWriter {
             drops: None,
             tracer: None,
             calibration: None,
+            kernel_only: None,
         })
     }
 
@@ -114,6 +116,11 @@ impl SessionWriter {
     /// breakdown.json's `tracer` section: the tracer process's own counters.
     pub fn set_tracer(&mut self, tracer: session::breakdown::TracerCounters) {
         self.tracer = Some(tracer);
+    }
+
+    /// breakdown.json's `kernel_only` section.
+    pub fn set_kernel_only(&mut self, kernel_only: session::breakdown::KernelOnly) {
+        self.kernel_only = Some(kernel_only);
     }
 
     /// breakdown.json's `calibration` section.
@@ -161,6 +168,7 @@ impl SessionWriter {
         json.drops = self.drops.take();
         json.tracer = self.tracer.take();
         json.calibration = self.calibration.take();
+        json.kernel_only = self.kernel_only.take();
         self.dir.write(BREAKDOWN_JSON, json.to_json().as_bytes())?;
         Ok(Summary {
             table: table::render(&view),
@@ -255,5 +263,6 @@ fn breakdown(v: &table::View<'_>) -> Breakdown {
         loss_spans: None,
         cost: None,
         calibration: None,
+        kernel_only: None,
     }
 }

@@ -32,8 +32,11 @@ const MAINTAIN_EVERY_NS: u64 = 100_000_000;
 /// What the session reports about its kernel-only rebuild.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Processes the kernel started following after attach (nginx's workers).
-    pub processes_followed: u64,
+    /// Processes the kernel started following after attach (nginx's workers): (child pid,
+    /// parent tgid, whether the kernel could not tell it from a thread), in order.
+    pub forks: Vec<(u32, u32, bool)>,
+    /// Target processes that exited.
+    pub exits: Vec<u32>,
     /// Exchanges whose arrival (or upstream reply) was a receive's enter, for want of the
     /// socket's data-ready.
     pub arrival_from_syscall: u64,
@@ -82,9 +85,68 @@ impl KernelOnlyRebuilder {
         &self.stats
     }
 
+    /// One line for stderr: what was joined, what was not followed, which processes.
+    pub fn summary(&self) -> String {
+        let c = self.joiner.counts();
+        let unsupported: Vec<String> = c
+            .unsupported
+            .iter()
+            .map(|(kind, n)| format!("{}={n}", kind.name()))
+            .collect();
+        let forks: Vec<String> = self
+            .stats
+            .forks
+            .iter()
+            .map(|&(child, parent, maybe_thread)| {
+                format!(
+                    "{child}<-{parent}{}",
+                    if maybe_thread { "(maybe a thread)" } else { "" }
+                )
+            })
+            .collect();
+        let exits: Vec<String> = self.stats.exits.iter().map(u32::to_string).collect();
+        format!(
+            "{} client requests: {} exchanges, {} incomplete; unsupported [{}]; \
+             arrivals from a receive {}; forks followed [{}]; exits [{}]",
+            c.client_requests,
+            c.exchanges,
+            c.incompletes,
+            unsupported.join(" "),
+            self.stats.arrival_from_syscall,
+            forks.join(" "),
+            exits.join(" "),
+        )
+    }
+
+    /// breakdown.json's `kernel_only` section.
+    pub fn to_model(&self) -> session::breakdown::KernelOnly {
+        let c = self.joiner.counts();
+        session::breakdown::KernelOnly {
+            client_requests: c.client_requests,
+            upstream_requests: c.upstream_requests,
+            exchanges: c.exchanges,
+            incomplete: c.incompletes,
+            unsupported: c
+                .unsupported
+                .iter()
+                .map(|(kind, n)| (kind.name().to_owned(), *n))
+                .collect(),
+            idle_connections_dropped: c.idle_dropped,
+            arrival_from_syscall: self.stats.arrival_from_syscall,
+            processes_followed: self.stats.forks.iter().map(|f| f.0).collect(),
+            processes_exited: self.stats.exits.clone(),
+        }
+    }
+
     /// What the joiner counted: exchanges, unsupported connections by kind, and the rest.
     pub fn counts(&self) -> &http::Counts {
         self.joiner.counts()
+    }
+
+    /// Connections that reached ESTABLISHED on a listening port and were never read by the
+    /// target.
+    pub fn established_unclaimed(&self) -> u64 {
+        self.sockets.never_claimed
     }
 
     /// Exchanges begun and not yet decided.
@@ -130,7 +192,12 @@ impl KernelOnlyRebuilder {
             kind::WAKEUP => {
                 self.threads.sched(ev.ts_ns, ev.tid, SchedEv::Wakeup);
             }
-            kind::PROCESS if ev.sub == 0 => self.stats.processes_followed += 1,
+            kind::PROCESS if ev.sub == 0 => {
+                self.stats
+                    .forks
+                    .push((ev.tid, ev.args[0] as u32, ev.args[1] != 0))
+            }
+            kind::PROCESS => self.stats.exits.push(ev.tid),
             _ => {}
         }
         self.after_event();

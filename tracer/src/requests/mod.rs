@@ -18,6 +18,7 @@ pub mod kernel_only;
 mod ledger;
 pub mod outcome;
 mod rebuild;
+mod session;
 mod sockets;
 pub mod synthetic;
 mod threads;
@@ -28,4 +29,5 @@ pub use outcome::{
     Hits, Incomplete, OffCpu, Outcome, PARTS, Part, RequestRecord, Slice, StackSample,
 };
 pub use rebuild::{HOLD_NS, MARGIN_NS, MAX_OPEN_NS, Rebuilder};
+pub use session::SessionRebuilder;
 pub use wait::{Holder, WaitCharge, WriterWork};

@@ -133,6 +133,43 @@ pub fn num(row: &Row, column: &str) -> u64 {
         .unwrap_or_else(|_| panic!("{column} is not a number: {row:?}"))
 }
 
+/// `gateway init --demo` in `dir` in front of `upstream` (a URL), then `gateway serve` with one
+/// worker pinned to `cpu`: the running gateway, its URL and the demo API key.
+pub fn demo_gateway(
+    gateway: &Path,
+    dir: &Path,
+    upstream: &str,
+    cpu: &str,
+) -> (Proc, String, String) {
+    let db = dir.join("ledger.db");
+    let init = Command::new(gateway)
+        .arg("init")
+        .arg("--db")
+        .arg(&db)
+        .args(["--demo", "--upstream", upstream])
+        .output()
+        .unwrap();
+    assert!(
+        init.status.success(),
+        "gateway init: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let key = String::from_utf8_lossy(&init.stdout)
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("api_key=").map(str::to_owned))
+        .expect("gateway init printed no api_key=");
+    let mut served = start(
+        Spawn::new("gateway", gateway)
+            .arg("serve")
+            .arg("--db")
+            .arg(&db)
+            .args(["--listen", "127.0.0.1:0", "--workers", "1"])
+            .cpus(Some(cpu)),
+    );
+    let url = format!("http://{}", wait_listening(&mut served));
+    (served, url, key)
+}
+
 /// Starts `spawn` (a [`Proc`]: stopped and reaped on drop, so a failing assertion leaves
 /// nothing running), panicking with why it could not.
 pub fn start(spawn: Spawn) -> Proc {
