@@ -39,20 +39,20 @@ use crate::{flags, session_dir};
 use target::Target;
 
 /// Files the tracer must leave in the session directory.
-const TRACER_FILES: [&str; 12] = [
+const TRACER_FILES: [&str; 10] = [
     "breakdown.json",
     "requests.csv",
     "tail-oncpu.folded",
     "tail-oncpu.svg",
     "all-oncpu.folded",
     "all-oncpu.svg",
-    "tail-wait.folded",
-    "tail-wait.svg",
     "median-oncpu.folded",
     "tail-diff.svg",
     "trace.json",
     "pictures.json",
 ];
+/// And those of `--wait-for`, which the session passes where the target has it.
+const WAIT_FOR_FILES: [&str; 2] = ["tail-wait.folded", "tail-wait.svg"];
 /// Keep-alive connections of the open loop (one per in-flight request). Little's law sets the
 /// floor: 25% of a 5 ms-upstream max (~6500 req/s) keeps ~50 requests in flight, and a run
 /// that runs out of connections queues in loadgen instead of measuring the gateway.
@@ -330,7 +330,9 @@ pub fn run(
     traced?;
     stopped?;
 
-    for file in TRACER_FILES {
+    let wait_for = tracer_flags.iter().any(|flag| flag == "--wait-for");
+    let wait_files = WAIT_FOR_FILES.iter().filter(|_| wait_for);
+    for file in TRACER_FILES.iter().chain(wait_files) {
         ensure!(
             out.join(file).exists(),
             "the tracer left no {file} in {}{}",
@@ -467,9 +469,13 @@ fn relative_link(from: &Path, to: &Path) -> String {
 /// The session's `tracer record` flags beyond `--pid` and `--out`: the probe-effect windows
 /// run the very same ones. The default is the lean set plus what the tail pictures need at
 /// little cost to the gateway: more samples (on the gateway's CPUs only) and the wait-for
-/// view (in the tracer process); the costlier sources only when asked for.
+/// view (in the tracer process; it charges waits to the probe sites' requests, so a proxy,
+/// traced kernel-only, goes without); the costlier sources only when asked for.
 fn tracer_flags(args: &Args) -> Vec<String> {
-    let mut flags = strings(&["--sample-hz", &args.sample_hz.to_string(), "--wait-for"]);
+    let mut flags = strings(&["--sample-hz", &args.sample_hz.to_string()]);
+    if !args.target.kernel_only() {
+        flags.push("--wait-for".to_owned());
+    }
     for (on, flag) in [
         (args.phases, "--phases"),
         (args.offcpu_stacks, "--offcpu-stacks"),
@@ -648,6 +654,7 @@ mod tests {
             "cargo xtask profile --load 0.25 --delay-ms 0 --duration 30 --workers 1"
         );
         assert_eq!(default_name(&args), "25pct-0ms");
+        assert_eq!(tracer_flags(&args), ["--sample-hz", "299", "--wait-for"]);
         check_target_flags(&parse(&["--phases", "--workers", "2"]).unwrap()).unwrap();
         let explicit = parse(&["--target", "gateway"]).unwrap();
         assert_eq!(command_line(&explicit), command_line(&args));
@@ -670,6 +677,7 @@ mod tests {
                 )
             );
             assert_eq!(default_name(&args), format!("{name}-25pct-5ms"));
+            assert_eq!(tracer_flags(&args), ["--sample-hz", "299"]);
         }
     }
 
