@@ -393,7 +393,7 @@ fn render(facts: &SessionFacts, files: &Files, compared: &Option<TailFacts>) -> 
     let mut parts: Vec<_> = b.parts.iter().collect();
     parts.sort_by(|x, y| x.0.cmp(y.0));
     // Kernel-only mode keeps the gateway's parts in breakdown.json, at zero; its README lists
-    // them in one line, as the tracer's report does.
+    // those zero throughout in one line, as the tracer's report does.
     let (always_zero, parts): (Vec<_>, Vec<_>) = parts
         .into_iter()
         .partition(|(_, p)| facts.target.kernel_only() && p.max_us == 0.0 && p.mean_us == 0.0);
@@ -729,7 +729,7 @@ pub(crate) mod tests {
             "nginx CPU per request ×",
             "| nginx CPU µs/req |",
             "- Probe effect on nginx's latency and CPU",
-            "(always 0 in kernel-only mode: ",
+            "(zero throughout this kernel-only session: ",
         ] {
             assert!(text.contains(part), "{part:?} not in:\n{text}");
         }
