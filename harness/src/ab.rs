@@ -43,11 +43,12 @@ pub fn is_traced(index: usize) -> bool {
 }
 
 /// `per_arm` traced and `per_arm` untraced windows of `seconds` each. Each window's figures
-/// come from the client (latency from the scheduled send) and /proc (the gateway's CPU, the
-/// busy share of its CPU `gateway_cpu`, and the tracer's own CPU over the load alone).
+/// come from the client (latency from the scheduled send) and /proc (the CPU of the target
+/// `target_pid` and all its descendants, such as nginx's workers, the busy share of its CPU
+/// `gateway_cpu`, and the tracer's own CPU over the load alone).
 pub fn windows(
     arms: &mut impl Arms,
-    gateway_pid: u32,
+    target_pid: u32,
     gateway_cpu: usize,
     per_arm: usize,
     seconds: f64,
@@ -62,13 +63,13 @@ pub fn windows(
                 .and_then(|t| procstat::cpu_seconds(t.tracer.pid()))
         };
         let (cpu_before, cpu0_before, tracer_before) = (
-            procstat::cpu_seconds(gateway_pid),
+            procstat::tree_cpu_seconds(target_pid),
             procstat::cpu_times(gateway_cpu),
             tracer_cpu(),
         );
         let load = arms.open_loop(seconds);
         let (cpu_after, cpu0_after, tracer_after) = (
-            procstat::cpu_seconds(gateway_pid),
+            procstat::tree_cpu_seconds(target_pid),
             procstat::cpu_times(gateway_cpu),
             tracer_cpu(),
         );

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use rustix::process::{Pid, Signal, kill_process};
 
+use testproc::proxy::Proxy;
+
 use crate::privilege::Runner;
 
 /// How long a server may take to print `listening on` and answer `/healthz`.
@@ -159,8 +161,24 @@ impl Proc {
         args: &[String],
         log_dir: &Path,
     ) -> anyhow::Result<Proc> {
-        let inner = testproc::Spawn::new(name, program)
-            .args(args)
+        Proc::start(
+            name,
+            testproc::Spawn::new(name, program).args(args),
+            cpus,
+            log_dir,
+        )
+    }
+
+    /// Starts a child built by the caller (a proxy's [`testproc::proxy::Proxy::spawn`]) as
+    /// [`Proc::spawn`] starts a program: on the CPUs of `cpus`, its output in
+    /// `log_dir/NAME.log`.
+    pub fn start(
+        name: &str,
+        spawn: testproc::Spawn,
+        cpus: Option<&str>,
+        log_dir: &Path,
+    ) -> anyhow::Result<Proc> {
+        let inner = spawn
             .cpus(cpus)
             .log(log_dir.join(format!("{name}.log")))
             .grace(STOP_GRACE)
@@ -483,18 +501,126 @@ pub fn start_served(
 
 /// One `GET /healthz` over a fresh connection; true on a 200.
 fn healthz_ok(addr: &str) -> bool {
+    get_ok(addr, "/healthz")
+}
+
+/// One `GET path` over a fresh connection; true on a 200.
+fn get_ok(addr: &str, path: &str) -> bool {
     let attempt = || -> std::io::Result<bool> {
         let mut stream = TcpStream::connect(addr)?;
         stream.set_read_timeout(Some(Duration::from_secs(2)))?;
         write!(
             stream,
-            "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
         )?;
         let mut status_line = String::new();
         BufReader::new(stream).read_line(&mut status_line)?;
         Ok(status_line.starts_with("HTTP/1.1 200"))
     };
     attempt().unwrap_or(false)
+}
+
+/// `proxy`'s binary from Debian's package, installed with apt-get where it is missing (a new
+/// machine). Debian starts an installed daemon on its default port; it is stopped, as
+/// sessions run their own.
+pub fn installed_proxy(proxy: Proxy) -> anyhow::Result<PathBuf> {
+    if let Some(path) = proxy.find() {
+        return Ok(path);
+    }
+    let name = proxy.package();
+    crate::install::apt_install(&[name], false)?;
+    let _ = Runner::detect()
+        .command("systemctl")
+        .args(["stop", name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    proxy.find().with_context(|| {
+        format!("{name} is installed, but no {name} binary is in /usr/sbin or /usr/bin")
+    })
+}
+
+/// The first line `binary` prints for its version (`nginx -v`, `haproxy -v`, `caddy
+/// version`).
+pub fn proxy_version(proxy: Proxy, binary: &Path) -> anyhow::Result<String> {
+    let output = Command::new(binary)
+        .args(proxy.version_args())
+        .output()
+        .with_context(|| {
+            format!(
+                "running {} {}",
+                binary.display(),
+                proxy.version_args().join(" ")
+            )
+        })?;
+    ensure!(
+        output.status.success(),
+        "{} {} failed ({})",
+        binary.display(),
+        proxy.version_args().join(" "),
+        output.status
+    );
+    // nginx prints it on stderr, haproxy and caddy on stdout.
+    let text = String::from_utf8_lossy(&output.stdout) + String::from_utf8_lossy(&output.stderr);
+    text.lines()
+        .map(str::trim)
+        .find(|line| !line.is_empty())
+        .map(str::to_owned)
+        .with_context(|| format!("{} printed no version", binary.display()))
+}
+
+pub struct ProxyServer {
+    pub proc: Proc,
+    pub url: String,
+}
+
+/// `proxy` (`binary`) as a reverse proxy in front of `upstream` (a URL, `http://HOST:PORT`) on a
+/// free port of 127.0.0.1, on the CPUs of `cpus` (nginx's workers inherit them from the
+/// master); its configuration, logs and temporary files in `log_dir/<package>/`. Ready once a
+/// `GET /` through it answers 200, which takes the upstream answering too.
+pub fn start_proxy(
+    proxy: Proxy,
+    binary: &Path,
+    cpus: Option<&str>,
+    upstream: &str,
+    log_dir: &Path,
+) -> anyhow::Result<ProxyServer> {
+    let name = proxy.package();
+    let dir = log_dir.join(name);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let port = free_port()?;
+    let upstream = upstream.strip_prefix("http://").unwrap_or(upstream);
+    let spawn = proxy
+        .spawn(binary, &dir, port, upstream)
+        .with_context(|| format!("writing {name}'s configuration in {}", dir.display()))?;
+    let mut proc = Proc::start(name, spawn, cpus, log_dir)?;
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        proc.ensure_running()?;
+        if get_ok(&addr, "/") {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{name} at {addr} did not answer GET / with 200 within {READY_TIMEOUT:?}{}",
+                proc.log_tail()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(ProxyServer {
+        proc,
+        url: format!("http://{addr}"),
+    })
+}
+
+/// A port of 127.0.0.1 nothing listens on now (the kernel's pick, released for the proxy to
+/// bind: proxies take a port, not an address to report back).
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .context("binding 127.0.0.1:0 for a free port")?;
+    Ok(listener.local_addr()?.port())
 }
 
 /// `gateway init --db DB --demo --upstream URL`; returns the printed `api_key=ak_...`.
@@ -638,6 +764,61 @@ mod tests {
         let mut tracer = fake_tracer(script, dir.path()).unwrap();
         let text = format!("{:#}", tracer.stop().unwrap_err());
         assert!(text.contains("the tracer failed"), "{text}");
+    }
+
+    /// Each of Debian's proxies as profile starts it (installed with apt-get when missing, so
+    /// root only where one is): pinned, in front of mock-upstream, a 200 through it, its version
+    /// read, and every process of it pinned (nginx's worker inherits the master's CPUs).
+    #[test]
+    fn each_proxy_serves_through_the_harness_in_front_of_mock_upstream() {
+        let missing = Proxy::ALL.iter().any(|proxy| proxy.find().is_none());
+        if missing && !rustix::process::geteuid().is_root() {
+            eprintln!(
+                "SKIPPED each_proxy_serves_through_the_harness: a proxy is missing (apt-get needs root)"
+            );
+            return;
+        }
+        let built = cargo_build_release(&["-p", "gateway", "--bin", "mock-upstream"]).unwrap();
+        let bins = Binaries {
+            gateway: PathBuf::new(),
+            mock_upstream: built.find("mock-upstream").unwrap(),
+            loadgen: PathBuf::new(),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mock = start_mock_upstream(&bins, None, 0, dir.path()).unwrap();
+        for proxy in Proxy::ALL {
+            let binary = installed_proxy(proxy).unwrap();
+            let version = proxy_version(proxy, &binary).unwrap();
+            let expected = match proxy {
+                Proxy::Nginx => "nginx version: nginx/",
+                Proxy::Haproxy => "HAProxy version ",
+                Proxy::Caddy => "",
+            };
+            assert!(version.starts_with(expected), "{proxy:?}: {version}");
+            assert!(
+                version.contains(|c: char| c.is_ascii_digit()),
+                "{proxy:?}: {version}"
+            );
+            let server = start_proxy(proxy, &binary, Some("0"), &mock.url, dir.path())
+                .unwrap_or_else(|e| panic!("{proxy:?}: {e:#}"));
+            let addr = server.url.strip_prefix("http://").unwrap();
+            assert!(get_ok(addr, "/echo"), "{proxy:?}: no 200 through {addr}");
+            let family: Vec<u32> = crate::procstat::comm_ppid_all()
+                .into_iter()
+                .filter(|(pid, ppid, _)| *pid == server.proc.pid() || *ppid == server.proc.pid())
+                .map(|(pid, _, _)| pid)
+                .collect();
+            if proxy == Proxy::Nginx {
+                assert!(
+                    family.len() >= 2,
+                    "nginx: a master and a worker: {family:?}"
+                );
+            }
+            for pid in family {
+                assert_eq!(cpus_allowed(pid).unwrap(), "0", "{proxy:?} pid {pid}");
+            }
+            assert!(dir.path().join(proxy.package()).is_dir());
+        }
     }
 
     #[test]

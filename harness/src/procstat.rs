@@ -19,6 +19,58 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(stat_cpu_seconds(&stat(pid)?, procfs::ticks_per_second()))
 }
 
+/// One process's place in the tree and its CPU, in clock ticks: its own (utime + stime, all
+/// its threads) and its reaped children's (cutime + cstime).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeEntry {
+    pub pid: u32,
+    pub ppid: u32,
+    pub own_ticks: u64,
+    pub reaped_children_ticks: u64,
+}
+
+impl From<&Stat> for TreeEntry {
+    fn from(stat: &Stat) -> TreeEntry {
+        TreeEntry {
+            pid: stat.pid as u32,
+            ppid: stat.ppid as u32,
+            own_ticks: stat.utime + stat.stime,
+            reaped_children_ticks: (stat.cutime + stat.cstime).max(0) as u64,
+        }
+    }
+}
+
+/// CPU ticks of `root` and of every live descendant, each with what its reaped children used
+/// (a child's ticks, its own reaped children's included, move into its parent's cutime +
+/// cstime when it is reaped, so the sum runs on across a worker's exit); None when `root` is
+/// not among `entries`.
+pub fn tree_ticks(root: u32, entries: &[TreeEntry]) -> Option<u64> {
+    let top = entries.iter().find(|e| e.pid == root)?;
+    let mut total = top.own_ticks + top.reaped_children_ticks;
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for child in entries
+            .iter()
+            .filter(|e| e.ppid == parent && e.pid != parent)
+        {
+            total += child.own_ticks + child.reaped_children_ticks;
+            frontier.push(child.pid);
+        }
+    }
+    Some(total)
+}
+
+/// CPU seconds of a process and all its descendants ([`tree_ticks`] over /proc): the whole of
+/// a multi-process server (nginx's master and workers). For a process without children it is
+/// [`cpu_seconds`].
+pub fn tree_cpu_seconds(pid: u32) -> Option<f64> {
+    let entries: Vec<TreeEntry> = procfs::process::all_processes()
+        .ok()?
+        .filter_map(|process| Some(TreeEntry::from(&process.ok()?.stat().ok()?)))
+        .collect();
+    Some(tree_ticks(pid, &entries)? as f64 / procfs::ticks_per_second() as f64)
+}
+
 /// The command name and parent pid of every process, by pid.
 pub fn comm_ppid_all() -> Vec<(u32, u32, String)> {
     let Ok(processes) = procfs::process::all_processes() else {
@@ -106,6 +158,55 @@ mod tests {
         assert_eq!(stat.ppid, 17);
         assert!(Stat::from_read("garbage".as_bytes()).is_err());
         assert!(cpu_seconds(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn a_tree_counts_every_descendant_and_the_reaped_children() {
+        let entry = |pid, ppid, own_ticks, reaped_children_ticks| TreeEntry {
+            pid,
+            ppid,
+            own_ticks,
+            reaped_children_ticks,
+        };
+        // A master (10) with two workers, one of them with a helper; a stranger (40) whose
+        // parent is the master's parent.
+        let entries = [
+            entry(1, 0, 1000, 0),
+            entry(10, 1, 5, 7),
+            entry(11, 10, 100, 3),
+            entry(12, 10, 200, 0),
+            entry(13, 12, 30, 0),
+            entry(40, 1, 999, 0),
+        ];
+        assert_eq!(tree_ticks(10, &entries), Some(5 + 7 + 100 + 3 + 200 + 30));
+        assert_eq!(tree_ticks(12, &entries), Some(230));
+        assert_eq!(tree_ticks(99, &entries), None);
+    }
+
+    #[test]
+    fn a_live_tree_counts_its_busy_children() {
+        // A shell whose two subshells spin (no forks: shell arithmetic): the tree's CPU is
+        // theirs, the shell's own next to nothing. Its own process group, ended as one.
+        use std::os::unix::process::CommandExt as _;
+        let mut shell = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "spin() { i=0; while :; do i=$((i + 1)); done; }; spin & spin & sleep 30",
+            ])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let (own, tree) = (cpu_seconds(shell.id()), tree_cpu_seconds(shell.id()));
+        let group = rustix::process::Pid::from_raw(shell.id() as i32).unwrap();
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        let _ = shell.wait();
+        let (own, tree) = (own.unwrap(), tree.unwrap());
+        assert!(own < 0.2, "the shell itself only waits: {own} s");
+        assert!(
+            tree >= own + 0.3,
+            "its spinning children count: {tree} s (own {own} s)"
+        );
     }
 
     #[test]

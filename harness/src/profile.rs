@@ -2,7 +2,9 @@
 //! probe effect.
 //!
 //! mock-upstream, a demo ledger in a temp dir and the gateway (pinned to its CPUs) are
-//! started; `loadgen --find-max` measures the max rate; a short untraced open-loop warm-up
+//! started, or with `--target nginx|haproxy|caddy` that proxy from Debian's package in front of
+//! mock-upstream, pinned the same and traced kernel-only (`target`); `loadgen --find-max`
+//! measures the max rate; a short untraced open-loop warm-up
 //! runs at the target rate. Then the probe effect: windows of the same open loop in flipping
 //! pairs, the tracer attached with the session's own flags in the traced ones only
 //! (`probe-effect.json`). Then the session: the tracer attaches (its calibration and attach
@@ -15,6 +17,7 @@ mod compare;
 mod effect;
 mod phases;
 mod readme;
+mod target;
 
 use std::fs;
 use std::io::{Read as _, Seek as _, SeekFrom};
@@ -30,25 +33,26 @@ use session::effect::ProbeEffect;
 
 use crate::ab::{self, Traced};
 use crate::machine::Machine;
-use crate::procs::{self, Binaries, Served, TracerProc, run_loadgen};
+use crate::procs::{self, Binaries, TracerProc, run_loadgen};
 use crate::workspace::read_json;
 use crate::{flags, session_dir};
+use target::Target;
 
 /// Files the tracer must leave in the session directory.
-const TRACER_FILES: [&str; 12] = [
+const TRACER_FILES: [&str; 10] = [
     "breakdown.json",
     "requests.csv",
     "tail-oncpu.folded",
     "tail-oncpu.svg",
     "all-oncpu.folded",
     "all-oncpu.svg",
-    "tail-wait.folded",
-    "tail-wait.svg",
     "median-oncpu.folded",
     "tail-diff.svg",
     "trace.json",
     "pictures.json",
 ];
+/// And those of `--wait-for`, which the session passes where the target has it.
+const WAIT_FOR_FILES: [&str; 2] = ["tail-wait.folded", "tail-wait.svg"];
 /// Keep-alive connections of the open loop (one per in-flight request). Little's law sets the
 /// floor: 25% of a 5 ms-upstream max (~6500 req/s) keeps ~50 requests in flight, and a run
 /// that runs out of connections queues in loadgen instead of measuring the gateway.
@@ -56,6 +60,10 @@ const CONNECTIONS: u64 = 128;
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// The server to load and trace: the gateway, or one of Debian's proxies (installed with
+    /// apt-get when missing) in front of mock-upstream, traced kernel-only.
+    #[arg(long, default_value = "gateway", value_parser = target::parser())]
+    target: Target,
     /// Fraction of the measured max throughput to run the session at (0 < load ≤ 1.5).
     #[arg(long, default_value_t = 0.25, value_parser = flags::fraction(1.5))]
     load: f64,
@@ -117,6 +125,12 @@ fn rate(text: &str) -> Result<f64, String> {
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionFacts {
+    /// What the session traced; left out for the gateway (every session before `--target`).
+    #[serde(default, skip_serializing_if = "Target::is_gateway")]
+    pub target: Target,
+    /// The target's version as it reports it (`nginx -v`); left out for the gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_version: Option<String>,
     pub command: String,
     pub load: f64,
     pub delay_ms: u64,
@@ -140,7 +154,8 @@ pub fn run(
     args: Args,
     ensure_toolchain: impl FnOnce() -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    // Read before anything runs, so a bad --compare costs nothing.
+    // Checked before anything runs, so a bad flag or --compare costs nothing.
+    check_target_flags(&args)?;
     if let Some(dir) = &args.compare {
         compare::TailFacts::read(dir)
             .with_context(|| format!("--compare {}: not a session directory", dir.display()))?;
@@ -152,11 +167,7 @@ pub fn run(
     // Before anything is built or started: the commit measured, and the load average the
     // session started from.
     let machine = crate::machine::collect();
-    let out = (args.output).prepare(&format!(
-        "{}pct-{}ms",
-        (args.load * 100.0).round(),
-        args.delay_ms
-    ))?;
+    let out = (args.output).prepare(&default_name(&args))?;
     let work = tempfile::Builder::new()
         .prefix("xtask-profile-")
         .tempdir()?;
@@ -166,15 +177,16 @@ pub fn run(
     let tracer_bin = procs::cargo_build_release(&["-p", "tracer", "--bins"])?.find("tracer")?;
     let load_cpus = Some(args.placement.load_cpus.as_str());
 
-    let Served { mock, key, gateway } =
-        procs::start_served(&bins, &args.placement, args.delay_ms, logs)?;
+    let target::Server {
+        mock,
+        proc: server,
+        url,
+        client,
+        version: target_version,
+    } = target::start(args.target, &bins, &args.placement, args.delay_ms, logs)?;
     let loadgen = |extra: &[String], timeout: Duration| -> anyhow::Result<()> {
-        let mut all = vec![
-            "--url".to_owned(),
-            gateway.url.clone(),
-            "--key".to_owned(),
-            key.clone(),
-        ];
+        let mut all = vec!["--url".to_owned(), url.clone()];
+        all.extend_from_slice(&client);
         all.extend_from_slice(extra);
         run_loadgen(&bins, load_cpus, &all, timeout, logs)
     };
@@ -206,7 +218,8 @@ pub fn run(
     };
     ensure!(
         max_rate > 0.0,
-        "the max rate is 0: the gateway served nothing"
+        "the max rate is 0: {} served nothing",
+        args.target.the()
     );
     let target_rate = args.load * max_rate;
     eprintln!(
@@ -240,7 +253,7 @@ pub fn run(
         let mut arms = EffectArms {
             tracer: &tracer_bin,
             flags: &tracer_flags,
-            pid: gateway.proc.pid(),
+            pid: server.pid(),
             load_cpus: &args.placement.load_cpus,
             work: work.path(),
             run: &|seconds: f64, summary: &Path| {
@@ -256,31 +269,24 @@ pub fn run(
         );
         let windows = ab::windows(
             &mut arms,
-            gateway.proc.pid(),
+            server.pid(),
             flags::first_cpu(&args.placement.gateway_cpus),
             args.ab_windows as usize,
             args.ab_window,
         )?;
-        probe_effect(windows, &tracer_flags, &args)?
+        probe_effect(windows, &tracer_flags, &args, target_version.clone())?
     };
     fs::write(
         out.join(readme::PROBE_EFFECT_JSON),
         serde_json::to_string_pretty(&effect)? + "\n",
     )?;
 
-    let mut tracer = start_tracer(
-        &tracer_bin,
-        &tracer_flags,
-        &args,
-        gateway.proc.pid(),
-        &out,
-        logs,
-    )?;
+    let mut tracer = start_tracer(&tracer_bin, &tracer_flags, &args, server.pid(), &out, logs)?;
     let pinning = vec![
         (
-            "gateway".to_owned(),
+            args.target.name().to_owned(),
             args.placement.gateway_cpus.clone(),
-            gateway.proc.cpus_allowed()?,
+            server.cpus_allowed()?,
         ),
         (
             "mock-upstream".to_owned(),
@@ -324,7 +330,9 @@ pub fn run(
     traced?;
     stopped?;
 
-    for file in TRACER_FILES {
+    let wait_for = tracer_flags.iter().any(|flag| flag == "--wait-for");
+    let wait_files = WAIT_FOR_FILES.iter().filter(|_| wait_for);
+    for file in TRACER_FILES.iter().chain(wait_files) {
         ensure!(
             out.join(file).exists(),
             "the tracer left no {file} in {}{}",
@@ -334,6 +342,8 @@ pub fn run(
     }
 
     let facts = SessionFacts {
+        target: args.target,
+        target_version,
         command: command_line(&args),
         load: args.load,
         delay_ms: args.delay_ms,
@@ -366,12 +376,45 @@ fn path_arg(path: &Path) -> String {
     path.display().to_string()
 }
 
+/// The gateway's own flags, refused with a proxy: `--phases` needs its probe sites and
+/// `--workers` sets its tokio workers.
+fn check_target_flags(args: &Args) -> anyhow::Result<()> {
+    if args.target.kernel_only() {
+        let name = args.target.name();
+        ensure!(
+            !args.phases,
+            "--phases needs the gateway's probe sites; {name} is traced kernel-only"
+        );
+        ensure!(
+            args.placement.workers == 1,
+            "--workers sets the gateway's tokio workers; {name} runs as its configuration says"
+        );
+    }
+    Ok(())
+}
+
+/// The session directory's default name: `25pct-0ms` for the gateway, `nginx-25pct-0ms`.
+fn default_name(args: &Args) -> String {
+    let name = format!("{}pct-{}ms", (args.load * 100.0).round(), args.delay_ms);
+    match args.target {
+        Target::Gateway => name,
+        proxy => format!("{}-{name}", proxy.name()),
+    }
+}
+
 /// The command that reproduces the session, as the README shows it.
 fn command_line(args: &Args) -> String {
-    let mut line = format!(
-        "cargo xtask profile --load {} --delay-ms {} --duration {} --workers {}",
-        args.load, args.delay_ms, args.duration, args.placement.workers
+    let mut line = "cargo xtask profile".to_owned();
+    if args.target.kernel_only() {
+        line += &format!(" --target {}", args.target.name());
+    }
+    line += &format!(
+        " --load {} --delay-ms {} --duration {}",
+        args.load, args.delay_ms, args.duration
     );
+    if !args.target.kernel_only() {
+        line += &format!(" --workers {}", args.placement.workers);
+    }
     if args.find_max_step != 2.0 {
         line += &format!(" --find-max-step {}", args.find_max_step);
     }
@@ -426,9 +469,13 @@ fn relative_link(from: &Path, to: &Path) -> String {
 /// The session's `tracer record` flags beyond `--pid` and `--out`: the probe-effect windows
 /// run the very same ones. The default is the lean set plus what the tail pictures need at
 /// little cost to the gateway: more samples (on the gateway's CPUs only) and the wait-for
-/// view (in the tracer process); the costlier sources only when asked for.
+/// view (in the tracer process; it charges waits to the probe sites' requests, so a proxy,
+/// traced kernel-only, goes without); the costlier sources only when asked for.
 fn tracer_flags(args: &Args) -> Vec<String> {
-    let mut flags = strings(&["--sample-hz", &args.sample_hz.to_string(), "--wait-for"]);
+    let mut flags = strings(&["--sample-hz", &args.sample_hz.to_string()]);
+    if !args.target.kernel_only() {
+        flags.push("--wait-for".to_owned());
+    }
     for (on, flag) in [
         (args.phases, "--phases"),
         (args.offcpu_stacks, "--offcpu-stacks"),
@@ -485,8 +532,11 @@ fn probe_effect(
     windows: Vec<session::validation::WindowRecord>,
     tracer_flags: &[String],
     args: &Args,
+    target_version: Option<String>,
 ) -> anyhow::Result<ProbeEffect> {
     Ok(ProbeEffect {
+        target: args.target,
+        target_version,
         tracer_flags: tracer_flags.to_vec(),
         windows_per_arm: args.ab_windows,
         window_s: args.ab_window,
@@ -582,6 +632,79 @@ mod tests {
     }
 
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(line: &[&str]) -> Result<Args, clap::Error> {
+        use clap::Parser as _;
+        Cli::try_parse_from(std::iter::once("profile").chain(line.iter().copied()))
+            .map(|cli| cli.args)
+    }
+
+    #[test]
+    fn the_target_defaults_to_the_gateway_whose_command_line_is_as_before() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.target, Target::Gateway);
+        assert_eq!(
+            command_line(&args),
+            "cargo xtask profile --load 0.25 --delay-ms 0 --duration 30 --workers 1"
+        );
+        assert_eq!(default_name(&args), "25pct-0ms");
+        assert_eq!(tracer_flags(&args), ["--sample-hz", "299", "--wait-for"]);
+        check_target_flags(&parse(&["--phases", "--workers", "2"]).unwrap()).unwrap();
+        let explicit = parse(&["--target", "gateway"]).unwrap();
+        assert_eq!(command_line(&explicit), command_line(&args));
+    }
+
+    #[test]
+    fn each_proxy_is_a_target() {
+        for (name, target) in [
+            ("nginx", Target::Nginx),
+            ("haproxy", Target::Haproxy),
+            ("caddy", Target::Caddy),
+        ] {
+            let args = parse(&["--target", name, "--delay-ms", "5"]).unwrap();
+            assert_eq!(args.target, target);
+            check_target_flags(&args).unwrap();
+            assert_eq!(
+                command_line(&args),
+                format!(
+                    "cargo xtask profile --target {name} --load 0.25 --delay-ms 5 --duration 30"
+                )
+            );
+            assert_eq!(default_name(&args), format!("{name}-25pct-5ms"));
+            assert_eq!(tracer_flags(&args), ["--sample-hz", "299"]);
+        }
+    }
+
+    #[test]
+    fn a_bad_target_names_the_possible_ones() {
+        let err = parse(&["--target", "apache"]).err().unwrap().to_string();
+        assert!(
+            err.contains("invalid value 'apache' for '--target <TARGET>'"),
+            "{err}"
+        );
+        assert!(
+            err.contains("[possible values: gateway, nginx, haproxy, caddy]"),
+            "{err}"
+        );
+        assert!(parse(&["--target", "Nginx"]).is_err());
+        assert!(parse(&["--target"]).is_err());
+    }
+
+    #[test]
+    fn the_gateways_own_flags_are_refused_with_a_proxy() {
+        let err = check_target_flags(&parse(&["--target", "nginx", "--phases"]).unwrap());
+        assert!(
+            format!("{:#}", err.unwrap_err()).contains("--phases needs the gateway's probe sites"),
+        );
+        let err = check_target_flags(&parse(&["--target", "caddy", "--workers", "2"]).unwrap());
+        assert!(format!("{:#}", err.unwrap_err()).contains("--workers"));
+    }
 
     #[test]
     fn flags_are_checked() {

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::analysis::ab::{Arm, Comparison, MetricComparison, Spread};
 use crate::targets::{Bound, PROBE_EFFECT_RATIO, Verdict};
+use crate::traced::Target;
 use crate::validation::WindowRecord;
 
 pub const FILE: &str = "probe-effect.json";
@@ -12,6 +13,14 @@ pub const FILE: &str = "probe-effect.json";
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProbeEffect {
+    /// What the windows loaded and traced; left out for the gateway (every session before
+    /// `--target`).
+    #[serde(default, skip_serializing_if = "Target::is_gateway")]
+    pub target: Target,
+    /// The target's version as it reports it (`nginx -v`); left out for the gateway, whose
+    /// version is the session's commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_version: Option<String>,
     /// The `tracer record` flags of the windows and of the session alike.
     pub tracer_flags: Vec<String>,
     pub windows_per_arm: u64,
@@ -55,7 +64,7 @@ impl ProbeEffect {
                 metric: &m.p999_us,
             },
             Ratio {
-                name: "gateway CPU per request",
+                name: self.target.cpu_per_request(),
                 metric: &m.gateway_cpu_us_per_request,
             },
         ]

@@ -16,6 +16,7 @@ pub mod pictures;
 pub mod requests;
 pub mod stats;
 pub mod targets;
+pub mod traced;
 pub mod validation;
 
 /// The run directories directly under `profiles` that hold a file `name`, sorted: the

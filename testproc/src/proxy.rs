@@ -30,6 +30,14 @@ impl Proxy {
         Proxy::ALL.into_iter().find(|p| p.package() == name)
     }
 
+    /// The arguments that make the binary print its version (on stdout or stderr).
+    pub fn version_args(self) -> &'static [&'static str] {
+        match self {
+            Proxy::Nginx | Proxy::Haproxy => &["-v"],
+            Proxy::Caddy => &["version"],
+        }
+    }
+
     /// The installed binary, if there is one.
     pub fn find(self) -> Option<PathBuf> {
         ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]

@@ -27,6 +27,8 @@ trait Words {
 #[template(path = "profile/effect_warning.md", escape = "none")]
 struct Warning {
     budget: f64,
+    /// What the traced figures describe: "the gateway", "nginx".
+    the: &'static str,
     /// The ratios that do not meet it, with their figure (none: unmeasured).
     over: Vec<(&'static str, Option<f64>)>,
 }
@@ -69,6 +71,7 @@ pub fn warning(effect: &ProbeEffect) -> Option<String> {
     (!over.is_empty()).then(|| {
         Warning {
             budget: ProbeEffect::BUDGET.limit(),
+            the: effect.target.the(),
             over,
         }
         .render()
@@ -104,6 +107,7 @@ pub(crate) mod tests {
     fn an_over_budget_ratio_never_reads_as_the_budget() {
         let w = Warning {
             budget: 1.10,
+            the: "the gateway",
             over: vec![],
         };
         assert_eq!(w.over_figure(&1.12), "1.12");

@@ -18,6 +18,7 @@ use session::targets::{GATE_P99_ADDED_US, PROBE_EFFECT_RATIO};
 use super::SessionFacts;
 use super::compare::TailFacts;
 use super::phases;
+use super::target::Target;
 use crate::workspace::read_json;
 
 /// The session's own A/B windows and their ratios (see `effect`).
@@ -153,15 +154,18 @@ const SEND_LAG_LIMIT_US: f64 = 1000.0;
 #[derive(askama::Template)]
 #[template(path = "profile/overload.md", escape = "none")]
 struct Overload {
+    /// The target, as "the traced nginx" names it.
+    name: &'static str,
     unsent: u64,
     lag_p99: f64,
     achieved: f64,
     target_rate: f64,
 }
 
-fn overload_warning(loadgen: &Loadgen, target_rate: f64) -> Option<String> {
+fn overload_warning(loadgen: &Loadgen, target_rate: f64, target: Target) -> Option<String> {
     use askama::Template as _;
     let o = Overload {
+        name: target.name(),
         unsent: loadgen.unsent(),
         lag_p99: loadgen.send_lag_us.as_ref().map_or(0.0, |lag| lag.p99),
         achieved: loadgen.achieved_rate,
@@ -216,6 +220,9 @@ fn measured_kinds(costs: &BTreeMap<String, Option<f64>>) -> Vec<(&str, Option<f6
 #[template(path = "profile/cost_and_loss.md", escape = "none")]
 struct CostAndLoss<'a> {
     b: &'a Breakdown,
+    /// Where its probe effect is measured: `validate` for the gateway, the session itself for a
+    /// proxy.
+    target: Target,
     reasons: String,
     per_hit: Vec<(&'a str, Option<f64>)>,
     by_kind: Vec<(&'a str, Option<f64>)>,
@@ -240,7 +247,7 @@ struct BpfRunTime {
     cpu_share: f64,
 }
 
-fn cost_and_loss(b: &Breakdown) -> String {
+fn cost_and_loss(b: &Breakdown, target: Target) -> String {
     use askama::Template as _;
     let calibration = b.calibration.as_ref();
     let cost = b.cost.as_ref();
@@ -248,6 +255,7 @@ fn cost_and_loss(b: &Breakdown) -> String {
     let own = b.tracer.as_ref();
     CostAndLoss {
         b,
+        target,
         reasons: quoted(&b.incomplete_reasons),
         per_hit: calibration.map_or_else(Vec::new, |c| measured_kinds(&c.ns_per_hit)),
         by_kind: calibration.map_or_else(Vec::new, |c| {
@@ -289,6 +297,9 @@ fn cost_and_loss(b: &Breakdown) -> String {
 #[template(path = "profile/README.md", escape = "none")]
 struct Readme<'a> {
     f: &'a SessionFacts,
+    /// The command that printed a proxy's `f.target_version` (`nginx -v`); None for the
+    /// gateway.
+    version_command: Option<String>,
     b: &'a Breakdown,
     loadgen: &'a Loadgen,
     pictures: &'a Pictures,
@@ -298,8 +309,10 @@ struct Readme<'a> {
     effect_warning: Option<String>,
     effect_table: Option<String>,
     overloaded: Option<String>,
-    /// breakdown.json's parts by name, as the README has always listed them.
+    /// breakdown.json's parts by name, as the README has always listed them; a kernel-only
+    /// target's without the gateway's parts, zero throughout (`always_zero`).
     parts: Vec<(&'a String, &'a session::breakdown::PartStats)>,
+    always_zero: Vec<&'a String>,
     cost_and_loss: String,
     has_median: bool,
     /// Tail rows with a share, largest first; `tail_rows` leaves out the parts zero in both
@@ -379,11 +392,20 @@ fn render(facts: &SessionFacts, files: &Files, compared: &Option<TailFacts>) -> 
         .collect();
     let mut parts: Vec<_> = b.parts.iter().collect();
     parts.sort_by(|x, y| x.0.cmp(y.0));
+    // Kernel-only mode keeps the gateway's parts in breakdown.json, at zero; its README lists
+    // those zero throughout in one line, as the tracer's report does.
+    let (always_zero, parts): (Vec<_>, Vec<_>) = parts
+        .into_iter()
+        .partition(|(_, p)| facts.target.kernel_only() && p.max_us == 0.0 && p.mean_us == 0.0);
+    let always_zero = always_zero.into_iter().map(|(name, _)| name).collect();
+    // Phase frames are the gateway's.
+    let phase_samples = (pictures.phase_samples.as_ref()).filter(|_| !facts.target.kernel_only());
     let effect = effect.as_ref();
     let effect_warning = effect.and_then(super::effect::warning);
     let nf99 = pct_us(&o.non_fsync, 990);
     Readme {
         f: facts,
+        version_command: super::target::version_command(facts.target),
         b,
         loadgen,
         pictures,
@@ -393,13 +415,14 @@ fn render(facts: &SessionFacts, files: &Files, compared: &Option<TailFacts>) -> 
         effect_table: effect.map(super::effect::table),
         budget: PROBE_EFFECT_RATIO.limit(),
         effect_warning,
-        overloaded: overload_warning(loadgen, facts.target_rate),
+        overloaded: overload_warning(loadgen, facts.target_rate, facts.target),
         parts,
-        cost_and_loss: cost_and_loss(b),
+        always_zero,
+        cost_and_loss: cost_and_loss(b, facts.target),
         has_median: !median.is_empty(),
         tail_rows_all,
         tail_rows,
-        phases_section: (pictures.phase_samples.as_ref())
+        phases_section: phase_samples
             .map(|sampled| phases_section(b, pictures, sampled))
             .unwrap_or_default(),
         wait_tables: wait_tables(
@@ -418,7 +441,7 @@ fn render(facts: &SessionFacts, files: &Files, compared: &Option<TailFacts>) -> 
             pct_us(&o.overhead, 999),
         ),
         non_fsync: (pct_us(&o.non_fsync, 500), nf99),
-        phases_reading: (pictures.phase_samples.as_ref())
+        phases_reading: phase_samples
             .map(|sampled| phases::reading(sampled, pictures.tail.requests)),
         compare_reading: compared
             .as_ref()
@@ -647,6 +670,8 @@ pub(crate) mod tests {
             fs::copy(recorded.join(file), then.join(file)).unwrap();
         }
         let facts = SessionFacts {
+            target: Target::Gateway,
+            target_version: None,
             command: "cargo xtask profile --load 0.25".to_owned(),
             load: 0.25,
             delay_ms: 0,
@@ -666,6 +691,60 @@ pub(crate) mod tests {
         assert!(text.contains("Against the earlier session"), "{text}");
         assert!(dir.join(FACTS_JSON).is_file());
         assert_eq!(rerender(&dir).unwrap(), text);
+    }
+
+    /// A proxy's session is worded for it: its name and version, no gateway workers, no
+    /// ledger, its own CPU in the probe effect.
+    #[test]
+    fn a_proxy_session_names_its_target_and_leaves_the_gateway_out() {
+        let dir = crate::workspace::root().join("profiles").join(SESSION);
+        let mut facts: SessionFacts = read_json(&dir.join(FACTS_JSON)).unwrap();
+        let mut files = Files::read(&dir).unwrap();
+        facts.target = Target::Nginx;
+        facts.target_version = Some("nginx version: nginx/1.22.1".to_owned());
+        // The ledger's parts, zero as a kernel-only session has them.
+        for part in ["ledger_fsync", "signing", "ledger_other"] {
+            files.breakdown.parts.insert(
+                part.to_owned(),
+                session::breakdown::PartStats {
+                    p50_us: 0.0,
+                    p90_us: 0.0,
+                    p99_us: 0.0,
+                    p999_us: 0.0,
+                    max_us: 0.0,
+                    mean_us: 0.0,
+                },
+            );
+        }
+        let effect = files.effect.as_mut().unwrap();
+        effect.target = Target::Nginx;
+        effect.target_version = facts.target_version.clone();
+        let text = render(&facts, &files, &None);
+        for part in [
+            "# Tail session of nginx: 25% of max load, 0 ms upstream\n",
+            "- target: nginx, Debian's package (`nginx -v`: nginx version: nginx/1.22.1)",
+            "loaded with `loadgen --direct`",
+            "- upstream delay 0 ms\n- tracer mode:",
+            "its effect on nginx is the **Probe effect** line",
+            "nginx CPU per request ×",
+            "| nginx CPU µs/req |",
+            "- Probe effect on nginx's latency and CPU",
+            "(zero throughout this kernel-only session: ",
+        ] {
+            assert!(text.contains(part), "{part:?} not in:\n{text}");
+        }
+        for gone in [
+            "tokio workers",
+            "Without ledger_fsync",
+            "gateway CPU",
+            "writer fsync and signing included",
+            "its effect on the gateway",
+            "On-CPU time by phase",
+            "tail-wait.svg is its off-CPU view",
+            "| ledger_fsync | 0.0 |",
+        ] {
+            assert!(!text.contains(gone), "{gone:?} in:\n{text}");
+        }
     }
 
     fn wait(unknown_ns: u64) -> Wait {
@@ -734,11 +813,11 @@ pub(crate) mod tests {
         loadgen.achieved_rate = 3890.0;
         loadgen.errors.clear();
         loadgen.send_lag_us.as_mut().unwrap().p99 = 40.0;
-        assert_eq!(overload_warning(&loadgen, 3898.0), None);
+        assert_eq!(overload_warning(&loadgen, 3898.0, Target::Gateway), None);
         loadgen.achieved_rate = 3502.0;
         loadgen.errors.insert("unsent".to_owned(), 4864);
         loadgen.send_lag_us.as_mut().unwrap().p99 = 3.3e6;
-        let warning = overload_warning(&loadgen, 3898.0).unwrap();
+        let warning = overload_warning(&loadgen, 3898.0, Target::Gateway).unwrap();
         assert!(warning.contains("4864 requests unsent"), "{warning}");
     }
 
@@ -792,7 +871,7 @@ pub(crate) mod tests {
 
     #[test]
     fn cost_and_loss_quotes_calibration_bpf_time_and_the_tracer_process() {
-        let text = cost_and_loss(&breakdown(0, 0));
+        let text = cost_and_loss(&breakdown(0, 0), Target::Gateway);
         assert!(text.contains("## Tracer cost and loss"), "{text}");
         assert!(text.contains("0 lost events, 0 incomplete"), "{text}");
         assert!(!text.contains("WARNING"), "{text}");
@@ -822,7 +901,7 @@ pub(crate) mod tests {
         calibration
             .probe_ns_per_request_by_kind
             .insert("sock".to_owned(), None);
-        let text = cost_and_loss(&session);
+        let text = cost_and_loss(&session, Target::Gateway);
         assert!(text.contains("sock unmeasured, syscall 351 ns"), "{text}");
         assert!(
             text.contains("(by kind: sites 31393 ns, sock unmeasured; left out, unmeasured: sock)"),
@@ -833,7 +912,7 @@ pub(crate) mod tests {
         calibration
             .ns_per_hit
             .insert("sock".to_owned(), Some(-79.0));
-        let text = cost_and_loss(&session);
+        let text = cost_and_loss(&session, Target::Gateway);
         assert!(text.contains("sock unmeasured"), "{text}");
         assert!(!text.contains("-79"), "{text}");
     }
@@ -842,7 +921,7 @@ pub(crate) mod tests {
     fn cost_and_loss_flags_loss_and_a_missing_calibration() {
         let mut lossy = breakdown(12, 3);
         lossy.calibration = None;
-        let text = cost_and_loss(&lossy);
+        let text = cost_and_loss(&lossy, Target::Gateway);
         assert!(
             text.contains("**WARNING: 12 lost events, 3 incomplete requests**"),
             "{text}"
