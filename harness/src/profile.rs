@@ -254,7 +254,7 @@ pub fn run(
             tracer: &tracer_bin,
             flags: &tracer_flags,
             pid: server.pid(),
-            load_cpus: &args.placement.load_cpus,
+            tracer_cpus: tracer_cpus(&args),
             work: work.path(),
             run: &|seconds: f64, summary: &Path| {
                 loadgen(
@@ -295,7 +295,7 @@ pub fn run(
         ),
         (
             "tracer".to_owned(),
-            args.placement.load_cpus.clone(),
+            tracer_cpus(&args).map_or_else(|| "all".to_owned(), str::to_owned),
             tracer.cpus_allowed()?,
         ),
         (
@@ -493,7 +493,7 @@ struct EffectArms<'a> {
     tracer: &'a Path,
     flags: &'a [String],
     pid: u32,
-    load_cpus: &'a str,
+    tracer_cpus: Option<&'a str>,
     work: &'a Path,
     /// Runs one window of the open loop, its summary written to the path.
     run: &'a dyn Fn(f64, &Path) -> anyhow::Result<()>,
@@ -515,7 +515,7 @@ impl ab::Arms for EffectArms<'_> {
         flags.extend_from_slice(self.flags);
         // The session measures the calibration once; the windows skip its loops.
         flags.push("--no-calibrate".to_owned());
-        let tracer = procs::start_tracer(self.tracer, Some(self.load_cpus), &flags, &dir)?;
+        let tracer = procs::start_tracer(self.tracer, self.tracer_cpus, &flags, &dir)?;
         Ok(Traced { tracer, dir })
     }
 
@@ -567,7 +567,18 @@ fn start_tracer(
     ]);
     flags.extend_from_slice(tracer_flags);
     eprintln!("xtask: attaching the tracer to pid {pid}");
-    procs::start_tracer(bin, Some(&args.placement.load_cpus), &flags, logs)
+    procs::start_tracer(bin, tracer_cpus(args), &flags, logs)
+}
+
+/// Where the tracer runs: beside the load for the gateway (as every gateway session ran). A
+/// proxy at 25% of its own max is loaded with several times the gateway's rate, which keeps
+/// the load's CPUs busy; the tracer (SCHED_IDLE, which any other task preempts) then also
+/// takes the idle time of the proxy's CPUs, or the kernel-only data fills the ring.
+fn tracer_cpus(args: &Args) -> Option<&str> {
+    match args.target {
+        Target::Gateway => Some(&args.placement.load_cpus),
+        _ => None,
+    }
 }
 
 /// Echoes new lines of `path` (the tracer's live progress) to stderr until the flag drops.
