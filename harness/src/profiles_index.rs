@@ -220,8 +220,15 @@ fn session(dir: &Path, name: &str) -> anyhow::Result<Run> {
                 dir.join("breakdown.json").display()
             )
         })?;
+    // A kernel-only session (a proxy, or `--kernel-only`) has no site hits and says so first.
+    let kernel_only = breakdown.kernel_only.is_some();
+    let target = match read_json::<crate::profile::SessionFacts>(&dir.join("profile.json")) {
+        Ok(profile) if kernel_only => format!("{}, kernel-only: ", profile.target.name()),
+        _ if kernel_only => "kernel-only: ".to_owned(),
+        _ => String::new(),
+    };
     let mut headline = format!(
-        "{} requests, {} events lost; tail mostly `{top}` ({:.0}%)",
+        "{target}{} requests, {} events lost; tail mostly `{top}` ({:.0}%)",
         breakdown.requests,
         breakdown.lost_events,
         top_share * 100.0
@@ -250,7 +257,7 @@ fn session(dir: &Path, name: &str) -> anyhow::Result<Run> {
         kind: "session",
         machine,
         load,
-        site_hits: Some(breakdown.hits_per_request.sites),
+        site_hits: (!kernel_only).then_some(breakdown.hits_per_request.sites),
         headline,
     })
 }
