@@ -445,20 +445,7 @@ pub fn start_gateway(
     ];
     let mut proc = Proc::spawn("gateway", cpus, &bins.gateway, &args, log_dir)?;
     let addr = proc.wait_listening()?;
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        proc.ensure_running()?;
-        if healthz_ok(&addr) {
-            break;
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "gateway at {addr} did not answer /healthz within {READY_TIMEOUT:?}{}",
-                proc.log_tail()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_200(&mut proc, "gateway", &addr, "/healthz")?;
     Ok(Gateway {
         proc,
         url: format!("http://{addr}"),
@@ -500,8 +487,22 @@ pub fn start_served(
 }
 
 /// One `GET /healthz` over a fresh connection; true on a 200.
-fn healthz_ok(addr: &str) -> bool {
-    get_ok(addr, "/healthz")
+/// Waits until `GET path` on `addr` answers 200, while `proc` (named `name`) runs.
+fn wait_for_200(proc: &mut Proc, name: &str, addr: &str, path: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        proc.ensure_running()?;
+        if get_ok(addr, path) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{name} at {addr} did not answer GET {path} with 200 within {READY_TIMEOUT:?}{}",
+                proc.log_tail()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// One `GET path` over a fresh connection; true on a 200.
@@ -595,20 +596,7 @@ pub fn start_proxy(
         .with_context(|| format!("writing {name}'s configuration in {}", dir.display()))?;
     let mut proc = Proc::start(name, spawn, cpus, log_dir)?;
     let addr = format!("127.0.0.1:{port}");
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        proc.ensure_running()?;
-        if get_ok(&addr, "/") {
-            break;
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "{name} at {addr} did not answer GET / with 200 within {READY_TIMEOUT:?}{}",
-                proc.log_tail()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_200(&mut proc, name, &addr, "/")?;
     Ok(ProxyServer {
         proc,
         url: format!("http://{addr}"),
