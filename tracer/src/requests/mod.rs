@@ -19,7 +19,7 @@ pub mod kernel_only;
 mod ledger;
 pub mod outcome;
 mod rebuild;
-mod session;
+mod session_rebuilder;
 mod sockets;
 pub mod synthetic;
 mod threads;
@@ -31,5 +31,5 @@ pub use outcome::{
     Hits, Incomplete, OffCpu, Outcome, PARTS, Part, RequestRecord, Slice, StackSample,
 };
 pub use rebuild::{MARGIN_NS, MAX_OPEN_NS, Rebuilder};
-pub use session::SessionRebuilder;
+pub use session_rebuilder::SessionRebuilder;
 pub use wait::{Holder, WaitCharge, WriterWork};
