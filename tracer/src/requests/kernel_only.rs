@@ -656,4 +656,47 @@ mod tests {
         let b = reqs.iter().find(|r| r.req_id == 43).expect("request 43");
         assert_eq!(b.t_arrive_ns, 7_000, "not the old socket's FIN at 6500");
     }
+
+    #[test]
+    fn an_answer_the_proxy_gave_itself_has_no_upstream() {
+        let stream = vec![
+            In::Ev(ev(1_000, kind::SWITCH_IN, 0, [0; 3])),
+            In::Ev(ev(1_050, kind::DATA_READY, 0, [CLIENT_SK, 0, 0])),
+            In::Ev(ev(1_100, kind::SOCK_FD, 0, [CLIENT_SK, 5, TGID as u64])),
+            In::Data(data(1_080, 1_120, 5, syscall::RECVFROM, REQUEST)),
+            In::Data(data(1_300, 1_320, 5, syscall::WRITEV, RESPONSE)),
+        ];
+        let (out, _) = rebuild(stream);
+        let [req] = complete(&out)[..] else {
+            panic!("{out:?}");
+        };
+        assert_eq!((req.t_arrive_ns, req.t_done_ns), (1_050, 1_300));
+        assert_eq!(req.part_ns(Part::Upstream), 0);
+        assert_eq!(req.parts.iter().sum::<u64>(), 250);
+    }
+
+    #[test]
+    fn a_request_without_an_id_is_keyed_by_its_serial() {
+        let stream = event_loop()
+            .into_iter()
+            .map(|input| match input {
+                In::Data(mut d) => {
+                    let text = String::from_utf8(d.bytes)
+                        .unwrap()
+                        .replace("x-request-id: 42\r\n", "");
+                    d.len = text.len() as u64;
+                    d.bytes = text.into_bytes();
+                    In::Data(d)
+                }
+                other => other,
+            })
+            .collect();
+        let (out, _) = rebuild(stream);
+        let [req] = complete(&out)[..] else {
+            panic!("{out:?}");
+        };
+        // The joiner's first serial; no id to parse.
+        assert_ne!(req.req_id, 42);
+        assert_eq!(req.part_ns(Part::Upstream), 6_200 - 1_190);
+    }
 }
