@@ -228,6 +228,21 @@ fn nginx_worker_followed_and_request_bytes_captured() {
     let tgids: HashSet<u32> = data.iter().map(|d| d.tgid).collect();
     let nginx_pids = HashSet::from([master_pid, old_worker, new_worker]);
     assert!(tgids.is_subset(&nginx_pids), "{tgids:?} vs {nginx_pids:?}");
+    // Only bytes a socket moved: the worker wrote an access-log line (to a file) for each
+    // request, and none of them is a DATA record.
+    let log = fs::read_to_string(root.join("access.log")).unwrap();
+    let line_start = b"127.0.0.1 - - [";
+    assert!(
+        log.lines()
+            .filter(|l| l.as_bytes().starts_with(line_start))
+            .count()
+            >= before.len() + 1 + after.len(),
+        "{log}"
+    );
+    assert!(
+        !data.iter().any(|d| d.bytes.starts_with(line_start)),
+        "an access-log write is a DATA record"
+    );
     // Records are in exit order, as the stream carried them.
     assert!(data.windows(2).all(|w| w[0].exit_ns <= w[1].exit_ns));
     // The fork was followed and the old worker's exit seen.

@@ -91,11 +91,13 @@ pub fn current() -> (u32, u32) {
 }
 
 /// Whether `tgid` is a target process: `config.tgid`, or in kernel-only mode any in TGIDS
-/// (exact mode pays one more compare-and-branch on a miss, never a lookup).
+/// (exact mode pays one more compare-and-branch on a miss, never a lookup; neither mode looks
+/// up the idle task, 0, which half the machine's switches leave).
 #[inline(always)]
 pub fn is_target_tgid(config: &Config, tgid: u32) -> bool {
     tgid == config.tgid
         || (config.flags & Config::KERNEL_ONLY != 0
+            && tgid != 0
             // SAFETY: only tested for presence.
             && unsafe { TGIDS.get(tgid) }.is_some())
 }

@@ -21,11 +21,8 @@ use tracer_ebpf::{
 };
 
 use super::{
-    maps::{
-        LISTEN_PORTS, TARGET_SOCKS, config, count_drop, current, current_target_tid, emit, field,
-        now, read_kernel,
-    },
-    syscalls::in_flight,
+    maps::{LISTEN_PORTS, TARGET_SOCKS, config, count_drop, emit, field, now, read_kernel},
+    syscalls::current_slot,
 };
 
 const TCP_ESTABLISHED: i32 = 1;
@@ -36,12 +33,17 @@ const FD_UNKNOWN: u64 = u64::MAX;
 
 #[inline(always)]
 fn sock_io(sk: u64, receive: bool) -> u32 {
-    let Some(tid) = current_target_tid() else {
+    let Some(config) = config() else {
         return 0;
     };
-    let Some(call) = in_flight(tid) else {
+    let Some((tgid, tid, slot)) = current_slot(config) else {
         return 0;
     };
+    // SAFETY: this thread's own slot, copied out at once.
+    let call = unsafe { *slot };
+    if call.id == 0 {
+        return 0;
+    }
     // BPF has no indirect calls, so the family is a flag rather than a predicate.
     let in_family = if receive {
         syscall::is_receive(call.id)
@@ -51,6 +53,8 @@ fn sock_io(sk: u64, receive: bool) -> u32 {
     if !in_family {
         return 0;
     }
+    // SAFETY: this thread's own slot.
+    unsafe { (*slot).socket = 1 };
     // SAFETY: copied out at once.
     let known = unsafe { TARGET_SOCKS.get(sk) }.copied();
     if known == Some(call.fd) {
@@ -61,7 +65,6 @@ fn sock_io(sk: u64, receive: bool) -> u32 {
     }
     let _ = TARGET_SOCKS.insert(sk, call.fd, 0);
     // The process too: fds are per process, and in kernel-only mode there are several.
-    let (tgid, _) = current();
     emit(now(), tid, kind::SOCK_FD, 0, [sk, call.fd, u64::from(tgid)]);
     0
 }

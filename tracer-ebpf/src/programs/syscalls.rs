@@ -5,10 +5,11 @@
 //! `SYSCALL` event with [enter ts, fd, ret].
 //!
 //! Kernel-only mode (`Config::KERNEL_ONLY`): the data syscalls (read, readv, recvfrom, write,
-//! writev, sendto) also keep their user buffer at enter, and an exit that moved bytes writes a
-//! `DATA` record (`abi::DataEvent`) with the first `DATA_BYTES` of them instead of the
-//! `SYSCALL` event. All three variants do: the tracepoints read the buffer from the record
-//! (checked against tracefs), fentry and kprobe from the user registers (`rsi`).
+//! writev, sendto) also keep their user buffer at enter, and an exit that moved a socket's
+//! bytes writes a `DATA` record (`abi::DataEvent`) with the first `DATA_BYTES` of them instead
+//! of the `SYSCALL` event; the others write nothing. All three variants do: the tracepoints
+//! read the buffer from the record (checked against tracefs), fentry and kprobe from the user
+//! registers (`rsi`).
 
 use core::mem::offset_of;
 
@@ -24,7 +25,7 @@ use tracer_ebpf::{
     tracepoints::{SYS_ENTER_BUF, SYS_ENTER_FD, SYS_EXIT_RET},
 };
 
-use super::maps::{count_drop, current_target, emit, emit_data, field, now};
+use super::maps::{config, count_drop, current, current_target, emit, emit_data, field, now};
 
 /// A syscall in progress on one thread. `id == 0`: none.
 #[repr(C)]
@@ -36,6 +37,10 @@ pub struct InFlight {
     /// syscall. 0 otherwise, and always in exact mode, which does not read it.
     pub buf: u64,
     pub id: u16,
+    /// Kernel-only mode: a socket moved this call's bytes (set by `sockets::sock_io`). A data
+    /// syscall on a file, pipe or eventfd (nginx's access log, Go's netpoll wakes) writes no
+    /// DATA record: only sockets carry HTTP, and a 512-byte copy a call is most of its cost.
+    pub socket: u16,
 }
 
 /// Iovecs of a readv/writev walked for its DATA bytes.
@@ -51,12 +56,17 @@ static IOV_SCRATCH: PerCpuArray<[u8; 2 * DATA_BYTES]> = PerCpuArray::with_max_en
 #[map]
 pub static IN_FLIGHT: HashMap<u32, InFlight> = HashMap::with_max_entries(4096, 0);
 
-/// The syscall `tid` is inside, if it is a traced one.
+/// The current thread's (tgid, tid) and its IN_FLIGHT slot, if it is a target's thread that
+/// has one. Only the target's enters fill slots, so in kernel-only mode the slot alone says so
+/// (TGIDS would be a second lookup); exact mode compares the tgid first, which keeps other
+/// processes' calls free of any lookup.
 #[inline(always)]
-pub fn in_flight(tid: u32) -> Option<InFlight> {
-    // SAFETY: copied out at once.
-    let call = unsafe { IN_FLIGHT.get(tid) }.copied()?;
-    (call.id != 0).then_some(call)
+pub fn current_slot(config: &Config) -> Option<(u32, u32, *mut InFlight)> {
+    let (tgid, tid) = current();
+    if tgid != config.tgid && config.flags & Config::KERNEL_ONLY == 0 {
+        return None;
+    }
+    Some((tgid, tid, IN_FLIGHT.get_ptr_mut(tid)?))
 }
 
 /// Offset of `di` (the first syscall argument) in x86-64's `struct pt_regs`: the
@@ -174,6 +184,7 @@ fn enter(fd: u64, buf: impl FnOnce() -> u64, id: u16) -> u32 {
             0
         },
         id,
+        socket: 0,
     };
     match IN_FLIGHT.get_ptr_mut(tid) {
         // SAFETY: this thread's own slot; only this thread writes it.
@@ -190,10 +201,10 @@ fn enter(fd: u64, buf: impl FnOnce() -> u64, id: u16) -> u32 {
 /// `data`: a data syscall (its InFlight has the buffer); `iov`: readv/writev.
 #[inline(always)]
 fn exit(ret: i64, id: u16, data: bool, iov: bool) -> u32 {
-    let Some((config, tgid, tid)) = current_target() else {
+    let Some(config) = config() else {
         return 0;
     };
-    let Some(slot) = IN_FLIGHT.get_ptr_mut(tid) else {
+    let Some((tgid, tid, slot)) = current_slot(config) else {
         return 0;
     };
     // SAFETY: this thread's own slot.
@@ -205,7 +216,12 @@ fn exit(ret: i64, id: u16, data: bool, iov: bool) -> u32 {
     // SAFETY: as above. Cheaper than deleting the entry.
     unsafe { (*slot).id = 0 };
     let args = [call.enter_ts_ns, call.fd, ret as u64];
-    if data && ret > 0 && config.flags & Config::KERNEL_ONLY != 0 {
+    if data && config.flags & Config::KERNEL_ONLY != 0 {
+        // The rebuild reads a data syscall only for the bytes a socket moved: one that moved
+        // none (EAGAIN, EOF) or moved a file's says nothing it needs.
+        if ret <= 0 || call.socket == 0 {
+            return 0;
+        }
         let event = Event {
             ts_ns: now(),
             tid,
