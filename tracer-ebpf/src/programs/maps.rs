@@ -52,6 +52,27 @@ pub static TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
 pub static TARGET_SOCKS: LruHashMap<u64, u64> =
     LruHashMap::with_max_entries(TARGET_SOCKS_ENTRIES, 0);
 
+/// Kernel-only mode: TGIDS's version, moved on by every change to it (fork and exit programs,
+/// and user space once it has seeded it), so that a [`TGID_CACHE`] verdict from before is not
+/// taken.
+#[map]
+pub static TGIDS_VERSION: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Kernel-only mode: the last tgid each CPU looked up in TGIDS and the answer, with the
+/// TGIDS_VERSION it was given under. A CPU asks about the same process over and over (the
+/// proxy's worker at each of its syscalls), and an array read is a few instructions where a
+/// hash lookup is a helper call and a hash.
+#[map]
+static TGID_CACHE: PerCpuArray<TgidVerdict> = PerCpuArray::with_max_entries(1, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TgidVerdict {
+    version: u64,
+    tgid: u32,
+    target: u32,
+}
+
 /// Local TCP ports the target listens on (host byte order).
 #[map]
 pub static LISTEN_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(64, 0);
@@ -95,11 +116,43 @@ pub fn current() -> (u32, u32) {
 /// up the idle task, 0, which half the machine's switches leave).
 #[inline(always)]
 pub fn is_target_tgid(config: &Config, tgid: u32) -> bool {
-    tgid == config.tgid
-        || (config.flags & Config::KERNEL_ONLY != 0
-            && tgid != 0
-            // SAFETY: only tested for presence.
-            && unsafe { TGIDS.get(tgid) }.is_some())
+    tgid == config.tgid || (config.flags & Config::KERNEL_ONLY != 0 && tgid != 0 && in_tgids(tgid))
+}
+
+/// Whether TGIDS holds `tgid`, through this CPU's [`TGID_CACHE`] entry.
+#[inline(always)]
+fn in_tgids(tgid: u32) -> bool {
+    let version = TGIDS_VERSION.get(0).copied().unwrap_or(0);
+    let cache = TGID_CACHE.get_ptr_mut(0);
+    if let Some(cache) = cache {
+        // SAFETY: this CPU's entry; a program that interrupts this one and refills it leaves
+        // an entry that is right for its own tgid and version, read whole below.
+        let entry = unsafe { *cache };
+        if entry.tgid == tgid && entry.version == version {
+            return entry.target != 0;
+        }
+    }
+    // SAFETY: only tested for presence.
+    let target = unsafe { TGIDS.get(tgid) }.is_some();
+    if let Some(cache) = cache {
+        // SAFETY: as above.
+        unsafe {
+            *cache = TgidVerdict {
+                version,
+                tgid,
+                target: u32::from(target),
+            }
+        };
+    }
+    target
+}
+
+/// Moves TGIDS_VERSION on after a change to TGIDS.
+#[inline(always)]
+pub fn tgids_changed() {
+    if let Some(version) = TGIDS_VERSION.get_ptr_mut(0) {
+        bump(version);
+    }
 }
 
 /// The current thread's tid if it belongs to the target.
@@ -124,6 +177,7 @@ pub fn add_target_tgid(tgid: u32) {
     if TGIDS.insert(tgid, 1, 0).is_err() {
         count_drop(offset_of!(Drops, tids_full));
     }
+    tgids_changed();
 }
 
 /// Adds `tid` to TIDS, counting a full map.

@@ -30,7 +30,7 @@ use tracer_ebpf::{
 use super::{
     maps::{
         STACK_SLOT_SWITCH, TGIDS, TIDS, add_target_tgid, add_target_tid, config, current, emit,
-        field, is_target_tgid, is_target_tid, now, read_kernel, stack_id,
+        field, is_target_tgid, is_target_tid, now, read_kernel, stack_id, tgids_changed,
     },
     syscalls::IN_FLIGHT,
 };
@@ -354,11 +354,12 @@ fn exit() -> u32 {
     if kernel_only {
         if tid == tgid {
             if TGIDS.remove(tgid).is_ok() {
+                tgids_changed();
                 emit(now(), tid, kind::PROCESS, 1, [0; 3]);
             }
-        } else {
+        } else if TGIDS.remove(tid).is_ok() {
             // A thread the classic fork program put in TGIDS not knowing it was one.
-            let _ = TGIDS.remove(tid);
+            tgids_changed();
         }
     }
     0

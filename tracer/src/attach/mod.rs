@@ -208,6 +208,9 @@ impl Session {
                     .insert(tgid, 1, 0)
                     .context("seeding TGIDS (more than 1024 target processes?)")?;
             }
+            // The fork program may have cached a verdict on a process seeded since: a version
+            // the kernel's increments from 0 never reach makes every cached verdict stale.
+            Array::<_, u64>::try_from(map(&mut ebpf, "TGIDS_VERSION")?)?.set(0, 1 << 32, 0)?;
             (seed.tgids, seed.tids)
         } else {
             (vec![target.pid.get()], target.tids()?)
