@@ -125,8 +125,9 @@ fn in_tgids(tgid: u32) -> bool {
     let version = TGIDS_VERSION.get(0).copied().unwrap_or(0);
     let cache = TGID_CACHE.get_ptr_mut(0);
     if let Some(cache) = cache {
-        // SAFETY: this CPU's entry; a program that interrupts this one and refills it leaves
-        // an entry that is right for its own tgid and version, read whole below.
+        // SAFETY: this CPU's entry. A program that interrupts this one here (a cpu-clock
+        // sample) asks about the same current task, so whatever mix of the two writes is
+        // left holds the same tgid and answer.
         let entry = unsafe { *cache };
         if entry.tgid == tgid && entry.version == version {
             return entry.target != 0;
