@@ -9,25 +9,7 @@
 # worker, /proc) per request, CPU 0's busy share, the tracer's CPU seconds (it runs unpinned).
 set -u
 RATE=$1; WIN=$2; ROUNDS=$3; shift 3; ARMS=("$@")
-B=${BIN:-target/release}
-mkdir -p /dev/shm/ab; D=$(mktemp -d /dev/shm/ab/run.XXXX)
-taskset -c 1 $B/mock-upstream --listen 127.0.0.1:9300 --delay-ms 0 >/dev/null 2>&1 &
-MOCK=$!
-cat > $D/nginx.conf <<CONF
-worker_processes 1;
-pid $D/nginx.pid;
-error_log $D/error.log;
-events { worker_connections 1024; }
-http {
-  access_log $D/access.log;
-  client_body_temp_path $D/body; proxy_temp_path $D/proxy; fastcgi_temp_path $D/f; uwsgi_temp_path $D/u; scgi_temp_path $D/s;
-  upstream up { server 127.0.0.1:9300; keepalive 32; }
-  server { listen 127.0.0.1:9301; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } }
-}
-CONF
-taskset -c 0 nginx -p $D -c $D/nginx.conf -g 'daemon off;' >/dev/null 2>&1 &
-NGX=$!
-sleep 1
+. "$(dirname "$0")/nginx-setup.sh" run
 cpu() { local t=0; for p in $(pgrep -P $NGX) $NGX; do t=$((t + $(cut -d')' -f2- /proc/$p/stat | awk '{print $12+$13}'))); done; echo $t; }
 busy0() { awk '/^cpu0 /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
 taskset -c 1 $B/loadgen --url http://127.0.0.1:9301 --direct --rate $RATE --duration 3 --warmup 0 --connections 128 --quiet >/dev/null 2>&1

@@ -5,25 +5,7 @@
 # also pays the statistics' two clock reads, which in this VM weigh on the small programs.
 set -u
 T=$1; RATE=$2; WIN=$3
-B=${BIN:-target/release}
-mkdir -p /dev/shm/ab; D=$(mktemp -d /dev/shm/ab/st.XXXX)
-taskset -c 1 $B/mock-upstream --listen 127.0.0.1:9300 --delay-ms 0 >/dev/null 2>&1 &
-MOCK=$!
-cat > $D/nginx.conf <<CONF
-worker_processes 1;
-pid $D/nginx.pid;
-error_log $D/error.log;
-events { worker_connections 1024; }
-http {
-  access_log $D/access.log;
-  client_body_temp_path $D/body; proxy_temp_path $D/proxy; fastcgi_temp_path $D/f; uwsgi_temp_path $D/u; scgi_temp_path $D/s;
-  upstream up { server 127.0.0.1:9300; keepalive 32; }
-  server { listen 127.0.0.1:9301; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } }
-}
-CONF
-taskset -c 0 nginx -p $D -c $D/nginx.conf -g 'daemon off;' >/dev/null 2>&1 &
-NGX=$!
-sleep 1
+. "$(dirname "$0")/nginx-setup.sh" st
 $T record --pid $NGX --duration $((WIN+30)) --sample-hz 0 --bpf-stats ${EXTRA:-} --out $D/session >$D/t.log 2>&1 &
 TP=$!
 for k in $(seq 1 100); do grep -q "program ids" $D/t.log 2>/dev/null && break; sleep 0.1; done
