@@ -28,6 +28,10 @@ use crate::ledger::{Durable, PendingReceipt};
 use crate::probe::{self, Phase};
 use crate::upstream::UpstreamError;
 
+/// The request id header: the client's (or the one the server gives it) comes back on the
+/// answer and goes on to the upstream.
+pub const REQUEST_ID: &str = "x-request-id";
+
 /// Largest accepted request body.
 pub const MAX_BODY: usize = 1 << 20;
 
@@ -333,7 +337,7 @@ async fn decide(
             .header(service.credential.header_name(), credential)
             // Forwarded as proxies do, so the upstream's logs (and a kernel-only trace) can
             // join its request to the client's.
-            .header(crate::server::REQUEST_ID, client_id)
+            .header(REQUEST_ID, client_id)
             .body(Full::new(Bytes::from(canonical_params)))
             .map_err(|_| {
                 deny(

@@ -26,13 +26,11 @@ use rand::RngCore;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
-use crate::act::{self, Answer};
+use crate::act::{self, Answer, REQUEST_ID};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::probe::{self, ConnectionTask, InFlight};
 use crate::repoll::Repoll;
-
-pub const REQUEST_ID: &str = "x-request-id";
 
 /// How far ahead [`keep_a_timer_armed`] keeps its timer: under any upstream timeout.
 const ARMED_AHEAD: Duration = Duration::from_millis(250);
