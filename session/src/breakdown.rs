@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use indexmap::IndexMap;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 pub const FILE: &str = "breakdown.json";
 
@@ -142,7 +142,7 @@ pub struct Drops {
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
+        deserialize_with = "crate::json::present"
     )]
     pub kretprobe_missed: Option<Option<u64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,7 +154,7 @@ pub struct Drops {
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
+        deserialize_with = "crate::json::present"
     )]
     pub recursion_misses: Option<Option<u64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -164,11 +164,6 @@ pub struct Drops {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_socks_evicted_at_least: Option<u64>,
     pub tids_full: u64,
-}
-
-/// A key that is present, null or not: `Some(None)` for null, `None` only when absent.
-fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
-    T::deserialize(d).map(Some)
 }
 
 /// The tracer process's own counters.

@@ -5,8 +5,17 @@
 
 use std::io::{self, Write};
 
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::ser::{CharEscape, Formatter};
+
+/// A key that is present, null or not: `Some(None)` for null, `None` only when absent (with
+/// `#[serde(default, deserialize_with = "present")]` on an `Option<Option<T>>`; serde alone
+/// reads a null as absent, and the file would not be written back as it was).
+pub fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
 
 /// `value` in breakdown.json's layout, with a final newline.
 pub fn to_string_3dp<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<String> {

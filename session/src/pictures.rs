@@ -29,7 +29,11 @@ pub struct Pictures {
     #[serde(default)]
     pub wait_all: Option<Wait>,
     /// What `wait_all` covers (sessions from 2026-12-02, hardened, on).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json::present"
+    )]
     pub wait_all_of: Option<Option<String>>,
 }
 
