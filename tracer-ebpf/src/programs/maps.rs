@@ -159,9 +159,7 @@ pub fn tgids_changed() {
 /// The current thread's tid if it belongs to the target.
 #[inline(always)]
 pub fn current_target_tid() -> Option<u32> {
-    let config = config()?;
-    let (tgid, tid) = current();
-    is_target_tgid(config, tgid).then_some(tid)
+    current_target().map(|(_, _, tid)| tid)
 }
 
 /// (tgid, tid) of the current thread if it belongs to the target.
@@ -260,7 +258,6 @@ pub fn emit_data(
             unsafe {
                 (*record).event = event;
                 (*record).tgid = tgid;
-                (*record).captured = 0;
                 let captured = fill(&raw mut (*record).bytes);
                 (*record).captured = captured;
             }

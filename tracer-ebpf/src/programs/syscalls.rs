@@ -25,7 +25,9 @@ use tracer_ebpf::{
     tracepoints::{SYS_ENTER_BUF, SYS_ENTER_FD, SYS_EXIT_RET},
 };
 
-use super::maps::{config, count_drop, current, current_target, emit, emit_data, field, now};
+use super::maps::{
+    config, count_drop, current, current_target, emit, emit_data, field, is_target_tgid, now,
+};
 
 /// A syscall in progress on one thread. `id == 0`: none.
 #[repr(C)]
@@ -57,13 +59,12 @@ static IOV_SCRATCH: PerCpuArray<[u8; 2 * DATA_BYTES]> = PerCpuArray::with_max_en
 pub static IN_FLIGHT: HashMap<u32, InFlight> = HashMap::with_max_entries(4096, 0);
 
 /// The current thread's (tgid, tid) and its IN_FLIGHT slot, if it is a target's thread that
-/// has one. Only the target's enters fill slots, so in kernel-only mode the slot alone says so
-/// (TGIDS would be a second lookup); exact mode compares the tgid first, which keeps other
-/// processes' calls free of any lookup.
+/// has one. The target test comes first (a compare, or in kernel-only mode this CPU's cached
+/// TGIDS answer), so other processes' calls never reach the hash lookup.
 #[inline(always)]
 pub fn current_slot(config: &Config) -> Option<(u32, u32, *mut InFlight)> {
     let (tgid, tid) = current();
-    if tgid != config.tgid && config.flags & Config::KERNEL_ONLY == 0 {
+    if !is_target_tgid(config, tgid) {
         return None;
     }
     Some((tgid, tid, IN_FLIGHT.get_ptr_mut(tid)?))
