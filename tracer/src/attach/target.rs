@@ -122,16 +122,6 @@ impl Target {
     pub fn tids(&self) -> anyhow::Result<Vec<u32>> {
         tids_of(self.pid.get())
     }
-
-    /// The CPUs any of its threads may run on now (the union of their `Cpus_allowed_list`).
-    pub fn cpus_allowed(&self) -> anyhow::Result<Vec<u32>> {
-        cpus_allowed_of(&[self.pid.get()])
-    }
-
-    /// Local ports of TCP sockets in LISTEN state that are open in this process.
-    pub fn listen_ports(&self) -> anyhow::Result<Vec<u16>> {
-        listen_ports_of(&[self.pid.get()])
-    }
 }
 
 /// The threads of process `pid` now.

@@ -92,11 +92,6 @@ impl Hooks {
         }
     }
 
-    /// Loss spans seen (all, not only those kept).
-    pub fn loss_spans(&self) -> u64 {
-        self.spans_total
-    }
-
     /// At the end, before `writer.finish`: adds `kernel`, `loss_spans` and `cost`.
     pub fn finish(
         &mut self,
