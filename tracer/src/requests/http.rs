@@ -387,6 +387,11 @@ impl Joiner {
         self.take()
     }
 
+    /// The `seq` the next record pushed gets (its syscall's [`Syscall::seq`]).
+    pub fn next_seq(&self) -> u64 {
+        self.seq + 1
+    }
+
     /// One record, in exit-timestamp order.
     pub fn push(&mut self, d: &Data) -> Assignment {
         self.seq += 1;

@@ -59,7 +59,6 @@ pub struct KernelOnlyRebuilder {
     busy: HashMap<u32, VecDeque<Busy>>,
     /// Each receive's pending arrival, by its position in the data stream.
     ready_of_seq: VecDeque<(u64, u64, Option<u64>)>,
-    seq: u64,
     fsyncs: VecDeque<(u64, u64)>,
     losses: Vec<(u64, u64)>,
     held: Held,
@@ -167,22 +166,10 @@ impl KernelOnlyRebuilder {
             }
             kind::DATA_READY => self.sockets.data_ready(ev.ts_ns, ev.args[0]),
             kind::ESTABLISHED => self.sockets.established(ev.ts_ns, ev.args[0]),
-            kind::SWITCH_OUT => {
-                self.threads.sched(
-                    ev.ts_ns,
-                    ev.tid,
-                    SchedEv::Out {
-                        preempted: ev.sub == 1,
-                        kernel_stack: ev.args[0] as i64,
-                        user_stack: ev.args[1] as i64,
-                    },
-                );
-            }
-            kind::SWITCH_IN => {
-                self.threads.sched(ev.ts_ns, ev.tid, SchedEv::In);
-            }
-            kind::WAKEUP => {
-                self.threads.sched(ev.ts_ns, ev.tid, SchedEv::Wakeup);
+            kind::SWITCH_OUT | kind::SWITCH_IN | kind::WAKEUP => {
+                if let Some(sched) = SchedEv::of(ev) {
+                    self.threads.sched(ev.ts_ns, ev.tid, sched);
+                }
             }
             kind::PROCESS if ev.sub == 0 => {
                 self.stats
@@ -201,12 +188,11 @@ impl KernelOnlyRebuilder {
         }
         self.threads.on_cpu(d.exit_ns, d.tid);
         let key = sock_key(d.tgid, d.fd);
-        self.seq += 1;
         match d.direction() {
             Direction::Receive => {
                 let ready = self.sockets.pending_arrival(key).ok();
-                self.ready_of_seq.push_back((self.seq, d.exit_ns, ready));
-                self.sockets.received(key, d.enter_ns, d.exit_ns);
+                let seq = self.joiner.next_seq();
+                self.ready_of_seq.push_back((seq, d.exit_ns, ready));
             }
             Direction::Send => self.sockets.sent(key, d.enter_ns),
         }
@@ -271,15 +257,12 @@ impl KernelOnlyRebuilder {
         let (key_ts, outcome) = match output {
             Output::Exchange(http::Exchange { request: ex, .. }) => {
                 let id = ex.key.unwrap_or(serial);
-                let done = ex
-                    .syscalls
-                    .iter()
-                    .map(|s| s.exit_ns)
-                    .max()
-                    .unwrap_or(self.now);
                 match self.record(&ex, id) {
                     Ok(r) => (r.t_done_ns, Outcome::Complete(r)),
-                    Err(reason) => (done, incomplete(id, reason)),
+                    Err(reason) => {
+                        let done = ex.syscalls.iter().map(|s| s.exit_ns).max();
+                        (done.unwrap_or(self.now), incomplete(id, reason))
+                    }
                 }
             }
             Output::Incomplete(inc) => {

@@ -289,23 +289,16 @@ impl Rebuilder {
                     let (next_pid, cpu) = switch::unpack(ev.args[2]);
                     self.cpus.switch_out(ev.ts_ns, ev.tid, next_pid, cpu);
                 }
-                self.sched(
-                    ev,
-                    SchedEv::Out {
-                        preempted: ev.sub == 1,
-                        kernel_stack: ev.args[0] as i64,
-                        user_stack: ev.args[1] as i64,
-                    },
-                )
+                self.sched_event(ev)
             }
             kind::SWITCH_IN => {
                 if self.wait_for {
                     self.cpus.switch_in(ev.ts_ns, ev.tid, ev.args[0] as u32);
                 }
-                self.sched(ev, SchedEv::In)
+                self.sched_event(ev)
             }
             kind::TASK_NAME => self.cpus.task_name(ev.tid, [ev.args[0], ev.args[1]]),
-            kind::WAKEUP => self.sched(ev, SchedEv::Wakeup),
+            kind::WAKEUP => self.sched_event(ev),
             kind::SAMPLE => self.sample(ev),
             _ => {}
         }
@@ -745,7 +738,11 @@ impl Rebuilder {
         }
     }
 
-    fn sched(&mut self, ev: &Event, sched: SchedEv) {
+    /// A SWITCH_OUT, SWITCH_IN or WAKEUP record.
+    fn sched_event(&mut self, ev: &Event) {
+        let Some(sched) = SchedEv::of(ev) else {
+            return;
+        };
         if let Some((ns, preempted)) = self.threads.sched(ev.ts_ns, ev.tid, sched) {
             self.kernel.runqueue_delay(ns, preempted);
         }

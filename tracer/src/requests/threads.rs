@@ -10,6 +10,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use tracer_ebpf::abi::{Event, kind};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SchedEv {
     Out {
@@ -20,6 +22,22 @@ pub(crate) enum SchedEv {
     Wakeup,
     In,
     Proof,
+}
+
+impl SchedEv {
+    /// The scheduler event a SWITCH_OUT, SWITCH_IN or WAKEUP record says; `None` for others.
+    pub(crate) fn of(ev: &Event) -> Option<SchedEv> {
+        match ev.kind {
+            kind::SWITCH_OUT => Some(SchedEv::Out {
+                preempted: ev.sub == 1,
+                kernel_stack: ev.args[0] as i64,
+                user_stack: ev.args[1] as i64,
+            }),
+            kind::SWITCH_IN => Some(SchedEv::In),
+            kind::WAKEUP => Some(SchedEv::Wakeup),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
