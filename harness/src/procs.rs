@@ -486,7 +486,6 @@ pub fn start_served(
     Ok(Served { mock, key, gateway })
 }
 
-/// One `GET /healthz` over a fresh connection; true on a 200.
 /// Waits until `GET path` on `addr` answers 200, while `proc` (named `name`) runs.
 fn wait_for_200(proc: &mut Proc, name: &str, addr: &str, path: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;

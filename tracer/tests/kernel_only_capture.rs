@@ -22,6 +22,7 @@ use std::{
 use attach_common::{
     Proxy, Signal, Spawn, build_binaries, free_port, installed, mock_upstream, require_root, start,
 };
+use tracer::attach::target::descendants_of;
 use tracer::events::data::{Data, Direction, read_dump};
 use tracer_ebpf::abi::{DATA_BYTES, kind, syscall};
 
@@ -34,20 +35,6 @@ fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// The child processes of `pid` (nginx's workers).
-fn children(pid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let path = entry.unwrap().path().join("children");
-        let text = fs::read_to_string(path).unwrap_or_default();
-        found.extend(
-            text.split_whitespace()
-                .filter_map(|c| c.parse::<u32>().ok()),
-        );
-    }
-    found
 }
 
 /// One keep-alive POST, its response read to the end of its body. `pad`: bytes of an
@@ -142,9 +129,9 @@ fn nginx_worker_followed_and_request_bytes_captured() {
     let mut master = start(spawn);
     let master_pid = master.pid();
     wait_until("nginx to listen with one worker", READY, || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok() && children(master_pid).len() == 1
+        TcpStream::connect(("127.0.0.1", port)).is_ok() && descendants_of(master_pid).len() == 1
     });
-    let old_worker = children(master_pid)[0];
+    let old_worker = descendants_of(master_pid)[0];
 
     let tracer = Spawn::new("tracer", env!("CARGO_BIN_EXE_tracer")).args([
         "record",
@@ -187,9 +174,9 @@ fn nginx_worker_followed_and_request_bytes_captured() {
     // A reload: the master forks a new worker while traced; the old one exits.
     master.signal(Signal::HUP).unwrap();
     wait_until("the reload's new worker", READY, || {
-        children(master_pid).iter().any(|&c| c != old_worker)
+        descendants_of(master_pid).iter().any(|&c| c != old_worker)
     });
-    let new_worker = *children(master_pid)
+    let new_worker = *descendants_of(master_pid)
         .iter()
         .find(|&&c| c != old_worker)
         .unwrap();
