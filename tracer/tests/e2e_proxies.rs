@@ -286,13 +286,6 @@ fn caddy_requests_are_traced_kernel_only() {
 }
 
 /// The nearest-rank quantile of `values`.
-fn quantile(mut values: Vec<u64>, q: f64) -> u64 {
-    assert!(!values.is_empty());
-    values.sort_unstable();
-    let rank = ((values.len() as f64 * q).ceil() as usize).clamp(1, values.len());
-    values[rank - 1]
-}
-
 /// Our gateway traced twice at once, by its probe sites and kernel-only, on the same load:
 /// the two agree on each request's total and upstream (median and p99 within 5%), and the
 /// receipt's fsync, `ledger_fsync` in the exact split, shows as `blocked.fsync`.
@@ -353,12 +346,15 @@ fn the_gateway_traced_kernel_only_agrees_with_its_exact_trace() {
         kernel_only.len()
     );
     let column = |rows: &[Row], name: &str| rows.iter().map(|r| num(r, name)).collect::<Vec<_>>();
+    let at = |rows: &[Row], name: &str, permille: usize| {
+        let mut column = column(rows, name);
+        column.sort_unstable();
+        session::stats::nearest_rank(&column, permille).expect("no requests")
+    };
     for name in ["total_ns", "upstream_ns"] {
-        for q in [0.5, 0.99] {
-            let (a, b) = (
-                quantile(column(exact, name), q),
-                quantile(column(kernel_only, name), q),
-            );
+        for permille in [500, 990] {
+            let q = permille as f64 / 1000.0;
+            let (a, b) = (at(exact, name, permille), at(kernel_only, name, permille));
             let ratio = b as f64 / a as f64;
             eprintln!("e2e gateway: {name} q{q}: exact {a} ns, kernel-only {b} ns (x{ratio:.3})");
             assert!(
