@@ -22,6 +22,7 @@ use tracer_ebpf::abi::{Event, kind, syscall};
 use super::exchange_parts::{self, Context, Io, Milestones};
 use super::held::{Held, incomplete, overlaps};
 use super::http::{self, Assignment, Joiner, Output, Role};
+use super::ledger::{Interval, overlapping};
 use super::outcome::{Hits, Outcome, RequestRecord};
 use super::rebuild::{MARGIN_NS, MAX_OPEN_NS};
 use super::sockets::Sockets;
@@ -59,7 +60,8 @@ pub struct KernelOnlyRebuilder {
     busy: HashMap<u32, VecDeque<Busy>>,
     /// Each receive's pending arrival, by its position in the data stream.
     ready_of_seq: VecDeque<(u64, u64, Option<u64>)>,
-    fsyncs: VecDeque<(u64, u64)>,
+    /// fsync and fdatasync calls of any target thread, in exit order.
+    fsyncs: VecDeque<Interval>,
     losses: Vec<(u64, u64)>,
     held: Held,
     next_maintenance: u64,
@@ -156,7 +158,11 @@ impl KernelOnlyRebuilder {
             kind::SYSCALL => {
                 self.threads.on_cpu(ev.ts_ns, ev.tid);
                 if syscall::is_sync(ev.sub) {
-                    self.fsyncs.push_back((ev.args[0], ev.ts_ns));
+                    self.fsyncs.push_back(Interval {
+                        start: ev.args[0],
+                        end: ev.ts_ns,
+                        tid: ev.tid,
+                    });
                 }
             }
             kind::SOCK_FD => {
@@ -380,7 +386,7 @@ impl KernelOnlyRebuilder {
         while self.ready_of_seq.front().is_some_and(|r| r.1 < horizon) {
             self.ready_of_seq.pop_front();
         }
-        while self.fsyncs.front().is_some_and(|f| f.1 < horizon) {
+        while self.fsyncs.front().is_some_and(|f| f.end < horizon) {
             self.fsyncs.pop_front();
         }
         self.losses.retain(|l| l.1 >= horizon);
@@ -409,12 +415,8 @@ impl Context for Ctx<'_> {
     }
 
     fn fsync_spans(&self, from: u64, to: u64) -> Vec<(u64, u64)> {
-        let mut spans: Vec<(u64, u64)> = self
-            .rebuild
-            .fsyncs
-            .iter()
-            .filter(|&&(s, e)| s < to && e > from)
-            .map(|&(s, e)| (s.max(from), e.min(to)))
+        let mut spans: Vec<(u64, u64)> = overlapping(&self.rebuild.fsyncs, from, to, None)
+            .map(|iv| (iv.start, iv.end))
             .collect();
         spans.sort_unstable();
         // Two threads in fsync at once: one span.

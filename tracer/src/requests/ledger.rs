@@ -37,7 +37,7 @@ pub(crate) struct WriterLog {
 }
 
 /// Intervals of `list` overlapping `[a, b)`, clipped; `list` is in end order.
-fn overlapping(
+pub(crate) fn overlapping(
     list: &VecDeque<Interval>,
     a: u64,
     b: u64,
