@@ -110,7 +110,7 @@ pub fn open(pids: &[u32], kernel_only: bool) -> anyhow::Result<(Vec<Target>, Mod
     let sites: Vec<SitesOf> = targets.iter().map(SitesOf::of).collect();
     let mode = choose(&sites, kernel_only)?;
     if let Mode::KernelOnly { reason } = &mode
-        && listen_ports_of(&Seed::read(&targets).tgids)?.is_empty()
+        && listen_ports_of(&Seed::tgids(&targets))?.is_empty()
     {
         let sites: Vec<String> = targets.iter().filter_map(Target::missing_sites).collect();
         bail!(
@@ -142,21 +142,28 @@ impl Seed {
     /// Reads /proc now. A process that exits meanwhile is left out (the kernel's exit
     /// program would have removed it anyway).
     pub fn read(targets: &[Target]) -> Seed {
-        let mut seed = Seed::default();
+        let tgids = Self::tgids(targets);
+        let mut tids = Vec::new();
+        for &tgid in &tgids {
+            if let Ok(of) = tids_of(tgid) {
+                tids.extend(of);
+            }
+        }
+        Seed { tgids, tids }
+    }
+
+    /// The targets and their descendant processes now, each once, without their threads.
+    pub fn tgids(targets: &[Target]) -> Vec<u32> {
+        let mut tgids = Vec::new();
         for target in targets {
             let pid = target.pid.get();
             for tgid in std::iter::once(pid).chain(descendants_of(pid)) {
-                if !seed.tgids.contains(&tgid) {
-                    seed.tgids.push(tgid);
+                if !tgids.contains(&tgid) {
+                    tgids.push(tgid);
                 }
             }
         }
-        for &tgid in &seed.tgids {
-            if let Ok(tids) = tids_of(tgid) {
-                seed.tids.extend(tids);
-            }
-        }
-        seed
+        tgids
     }
 }
 
