@@ -5,12 +5,12 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::json;
 use tracer_ebpf::abi::Event;
 
 use super::cost::CostMeter;
-use super::raw_dump::{DataDump, RawDump};
+use super::raw_dump::RawDump;
 use crate::events::data::Data;
 use crate::report::SessionWriter;
 use crate::requests::SessionRebuilder;
@@ -20,8 +20,7 @@ const MAX_SPANS: usize = 10_000;
 
 pub struct Hooks {
     raw: Option<RawDump>,
-    raw_error: Option<std::io::Error>,
-    raw_data: Option<DataDump>,
+    raw_data: Option<RawDump>,
     spans: Vec<(u64, u64)>,
     spans_total: u64,
     cost: CostMeter,
@@ -40,11 +39,10 @@ impl Hooks {
             .map(|path| RawDump::create(path, overwrite))
             .transpose()?;
         let raw_data = raw_data
-            .map(|path| DataDump::create(path, overwrite))
+            .map(|path| RawDump::create(path, overwrite))
             .transpose()?;
         Ok(Hooks {
             raw,
-            raw_error: None,
             raw_data,
             spans: Vec::new(),
             spans_total: 0,
@@ -53,17 +51,14 @@ impl Hooks {
     }
 
     pub fn push(&mut self, event: &Event) {
-        if let Some(raw) = &mut self.raw
-            && self.raw_error.is_none()
-            && let Err(e) = raw.write(event)
-        {
-            self.raw_error = Some(e);
+        if let Some(raw) = &mut self.raw {
+            raw.event(event);
         }
     }
 
     pub fn data(&mut self, data: &Data) {
         if let Some(dump) = &mut self.raw_data {
-            dump.write(data);
+            dump.data(data);
         }
     }
 
@@ -79,28 +74,19 @@ impl Hooks {
         self.cost.programs_done();
     }
 
-    /// Flushes the raw dump, if any: the events written to it, or its write error.
-    pub fn finish_raw(&mut self) -> Result<Option<u64>> {
-        match self.raw.take() {
-            Some(raw) => {
-                if let Some(e) = self.raw_error.take() {
-                    return Err(e).context("writing --raw-events");
-                }
-                Ok(Some(raw.finish().context("flushing --raw-events")?))
-            }
-            None => Ok(None),
-        }
-    }
-
     /// At the end, before `writer.finish`: adds `kernel`, `loss_spans` and `cost`.
     pub fn finish(
         &mut self,
         rebuilder: &SessionRebuilder,
         writer: &mut SessionWriter,
     ) -> Result<()> {
-        let raw_events = self.finish_raw()?;
+        let raw_events = self
+            .raw
+            .take()
+            .map(|raw| raw.finish("--raw-events"))
+            .transpose()?;
         if let Some(dump) = self.raw_data.take() {
-            let n = dump.finish()?;
+            let n = dump.finish("--raw-data")?;
             say!("tracer: --raw-data: {n} data records written");
         }
         if let Some(kernel) = rebuilder.kernel() {
