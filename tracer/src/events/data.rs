@@ -95,6 +95,13 @@ pub fn encode(record: &DataEvent) -> &[u8] {
     }
 }
 
+/// The [`DataEvent`] in `bytes`, if they are exactly one's size.
+pub fn data_event(bytes: &[u8]) -> Option<DataEvent> {
+    // SAFETY: the length matches and DataEvent is plain integers and bytes.
+    (bytes.len() == size_of::<DataEvent>())
+        .then(|| unsafe { bytes.as_ptr().cast::<DataEvent>().read_unaligned() })
+}
+
 /// Reads a `--raw-data` dump: [`DataEvent`]s back to back, each turned into [`Data`].
 pub fn read_dump(bytes: &[u8]) -> anyhow::Result<Vec<Data>> {
     let size = size_of::<DataEvent>();
@@ -107,8 +114,7 @@ pub fn read_dump(bytes: &[u8]) -> anyhow::Result<Vec<Data>> {
         .chunks_exact(size)
         .enumerate()
         .map(|(i, chunk)| {
-            // SAFETY: `size` bytes of plain integers and bytes.
-            let record = unsafe { chunk.as_ptr().cast::<DataEvent>().read_unaligned() };
+            let record = data_event(chunk).expect("chunks_exact gives whole records");
             Data::from_event(&record)
                 .ok_or_else(|| anyhow::anyhow!("record {i} of the --raw-data dump moved nothing"))
         })

@@ -1,16 +1,18 @@
 //! Ring-buffer records → [`Event`], and kernel-only mode's DATA records → [`Record::Data`].
 
-use tracer_ebpf::abi::{DataEvent, Event, kind};
+use tracer_ebpf::abi::{Event, kind};
 
-use super::{Record, data::Data};
+use super::{
+    Record,
+    data::{Data, data_event},
+};
 
-/// A record of either size the kernel writes: an [`Event`], or a [`DataEvent`] (kind DATA)
-/// turned into [`Data`]. `None`: malformed (another size, a DATA-sized record of another kind,
-/// or a DATA record that moved nothing, which the programs never write).
+/// A record of either size the kernel writes: an [`Event`], or a
+/// [`tracer_ebpf::abi::DataEvent`] (kind DATA) turned into [`Data`]. `None`: malformed
+/// (another size, a DATA-sized record of another kind, or a DATA record that moved nothing,
+/// which the programs never write).
 pub fn decode_record(bytes: &[u8]) -> Option<Record> {
-    if bytes.len() == size_of::<DataEvent>() {
-        // SAFETY: the length matches and DataEvent is plain integers and bytes.
-        let record = unsafe { bytes.as_ptr().cast::<DataEvent>().read_unaligned() };
+    if let Some(record) = data_event(bytes) {
         if record.event.kind != kind::DATA {
             return None;
         }
@@ -32,6 +34,8 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
 
 #[cfg(test)]
 mod tests {
+    use tracer_ebpf::abi::DataEvent;
+
     use super::*;
 
     #[test]
