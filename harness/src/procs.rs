@@ -588,7 +588,7 @@ pub fn start_proxy(
     let name = proxy.package();
     let dir = log_dir.join(name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let port = free_port()?;
+    let port = testproc::proxy::free_port().context("binding 127.0.0.1:0 for a free port")?;
     let upstream = upstream.strip_prefix("http://").unwrap_or(upstream);
     let spawn = proxy
         .spawn(binary, &dir, port, upstream)
@@ -600,14 +600,6 @@ pub fn start_proxy(
         proc,
         url: format!("http://{addr}"),
     })
-}
-
-/// A port of 127.0.0.1 nothing listens on now (the kernel's pick, released for the proxy to
-/// bind: proxies take a port, not an address to report back).
-fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .context("binding 127.0.0.1:0 for a free port")?;
-    Ok(listener.local_addr()?.port())
 }
 
 /// `gateway init --db DB --demo --upstream URL`; returns the printed `api_key=ak_...`.

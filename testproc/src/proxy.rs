@@ -7,6 +7,14 @@ use std::process::Command;
 
 use crate::Spawn;
 
+/// A port of 127.0.0.1 nothing listens on now (the kernel's pick, released for the proxy to
+/// bind: proxies take a port, not an address to report back).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Proxy {
     Nginx,

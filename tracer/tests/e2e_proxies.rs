@@ -24,9 +24,10 @@ use std::{
 
 use attach_common::{
     Binaries, Proc, Proxy, Row, Signal, Spawn, Stream, build_binaries, cpu_hog, demo_gateway,
-    free_port, installed, mock_upstream, num, open_loop, program_ids, read_csv, require_root,
-    start, still_loaded,
+    installed, mock_upstream, num, open_loop, program_ids, read_csv, require_root, start,
+    still_loaded,
 };
+use testproc::proxy::free_port;
 
 const PROXY_CPU: &str = "0";
 const LOAD_CPU: &str = "1";
@@ -101,7 +102,7 @@ struct Session {
 
 /// One traced session of `proxy` under [`RATE`], with a CPU hog on its CPU when `hog`.
 fn session(proxy: Proxy, bins: &Binaries, upstream: &str, dir: &Path, hog: bool) -> Session {
-    let port = free_port();
+    let port = free_port().unwrap();
     let mut server = start_proxy(proxy, dir, port, upstream);
     let out = dir.join(if hog { "session-hog" } else { "session" });
     let mut tracer = start(

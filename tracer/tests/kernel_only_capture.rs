@@ -20,8 +20,9 @@ use std::{
 };
 
 use attach_common::{
-    Proxy, Signal, Spawn, build_binaries, free_port, installed, mock_upstream, require_root, start,
+    Proxy, Signal, Spawn, build_binaries, installed, mock_upstream, require_root, start,
 };
+use testproc::proxy::free_port;
 use tracer::attach::target::descendants_of;
 use tracer::events::data::{Data, Direction, read_dump};
 use tracer_ebpf::abi::{DATA_BYTES, kind, syscall};
@@ -122,7 +123,7 @@ fn nginx_worker_followed_and_request_bytes_captured() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (_upstream, upstream) = mock_upstream(&bins, 0, "0-1");
-    let port = free_port();
+    let port = free_port().unwrap();
     let spawn = Proxy::Nginx
         .spawn(&installed(Proxy::Nginx), root, port, &upstream)
         .unwrap();

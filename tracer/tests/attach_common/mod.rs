@@ -202,15 +202,6 @@ pub fn installed(proxy: Proxy) -> PathBuf {
         .unwrap_or_else(|| panic!("{name} installed, but not found"))
 }
 
-/// A free TCP port on 127.0.0.1 (free when asked; the caller binds it soon after).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// mock-upstream answering after `delay_ms`, pinned to `cpu`: the process and its address
 /// (host:port).
 pub fn mock_upstream(bins: &Binaries, delay_ms: u64, cpu: &str) -> (Proc, String) {
