@@ -543,21 +543,14 @@ pub fn installed_proxy(proxy: Proxy) -> anyhow::Result<PathBuf> {
 /// The first line `binary` prints for its version (`nginx -v`, `haproxy -v`, `caddy
 /// version`).
 pub fn proxy_version(proxy: Proxy, binary: &Path) -> anyhow::Result<String> {
+    let command = format!("{} {}", binary.display(), proxy.version_args().join(" "));
     let output = Command::new(binary)
         .args(proxy.version_args())
         .output()
-        .with_context(|| {
-            format!(
-                "running {} {}",
-                binary.display(),
-                proxy.version_args().join(" ")
-            )
-        })?;
+        .with_context(|| format!("running {command}"))?;
     ensure!(
         output.status.success(),
-        "{} {} failed ({})",
-        binary.display(),
-        proxy.version_args().join(" "),
+        "{command} failed ({})",
         output.status
     );
     // nginx prints it on stderr, haproxy and caddy on stdout.
