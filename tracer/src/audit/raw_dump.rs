@@ -62,3 +62,35 @@ impl RawDump {
         Ok(self.written)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use session::analysis::crosscheck::read_dump;
+    use tracer_ebpf::abi::{kind, syscall};
+
+    use super::*;
+
+    #[test]
+    fn the_dump_reads_back_as_the_cross_check_reads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("raw.events");
+        let events = [
+            (5, 1, kind::SYSCALL, syscall::FDATASYNC, [2, 9, u64::MAX]),
+            (7, 2, kind::SWITCH_IN, 0, [0; 3]),
+        ]
+        .map(|(ts_ns, tid, kind, sub, args)| Event {
+            ts_ns,
+            tid,
+            kind,
+            sub,
+            args,
+        });
+        let mut dump = RawDump::create(&path, false).unwrap();
+        for e in &events {
+            dump.event(e);
+        }
+        assert_eq!(dump.finish("--raw-events").unwrap(), 2);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 80);
+        assert_eq!(read_dump(&path).unwrap(), events);
+    }
+}
