@@ -317,7 +317,7 @@ impl Proc {
             let now = Instant::now();
             if output.open == 0 || exited.is_some_and(|at| now >= at + PIPES_SETTLE) {
                 drop(output);
-                let state = match self.child.try_wait()? {
+                let state = match self.exit_status_within(PIPES_SETTLE)? {
                     Some(status) => format!("exited ({status})"),
                     None => "closed its output".to_owned(),
                 };
@@ -348,6 +348,21 @@ impl Proc {
             if exited.is_none() && self.child.try_wait()?.is_some() {
                 exited = Some(Instant::now());
             }
+        }
+    }
+
+    /// Its exit status if it exits within `limit`: a child's pipes close a moment before its
+    /// exit can be reaped, so an exit seen at once would be missed now and then.
+    fn exit_status_within(&mut self, limit: Duration) -> anyhow::Result<Option<ExitStatus>> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(Some(status));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
