@@ -10,7 +10,10 @@
 //!   client measured on mock-upstream directly;
 //! - its parts sum to its total;
 //! - with a CPU hog at nice -5 pinned to the proxy's CPU, the p99 of `scheduling + queued`
-//!   at least doubles and grows by 1 ms or more.
+//!   at least doubles and grows by 1 ms or more. The quiet p99 is taken over two windows, one
+//!   before the hog and one after: this VM's own stalls on the proxy's CPU (kdamond,
+//!   kworkers, a halted vCPU's wake-up) hold a woken proxy 1–8 ms now and then, untraced too
+//!   (seen with bpftrace), and one of them can own the p99 of a single 3 s window.
 
 mod attach_common;
 
@@ -38,6 +41,9 @@ const CONNECTIONS: &str = "4";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// The CPU hog's name (its comm).
 const HOG: &str = "proxy-cpu-hog";
+/// The hog's spinners: three, so that the wait it causes (about as many of its time slices)
+/// stands well above the VM's own stalls.
+const HOG_SPINNERS: usize = 3;
 
 /// One traced session at a time: they pin to the same CPUs and caddy's admin port is fixed.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -100,11 +106,19 @@ struct Session {
     stderr: String,
 }
 
-/// One traced session of `proxy` under [`RATE`], with a CPU hog on its CPU when `hog`.
-fn session(proxy: Proxy, bins: &Binaries, upstream: &str, dir: &Path, hog: bool) -> Session {
+/// One traced session of `proxy` under [`RATE`], named `name` in `dir`, with a CPU hog on its
+/// CPU when `hog`.
+fn session(
+    proxy: Proxy,
+    bins: &Binaries,
+    upstream: &str,
+    dir: &Path,
+    name: &str,
+    hog: bool,
+) -> Session {
     let port = free_port().unwrap();
     let mut server = start_proxy(proxy, dir, port, upstream);
-    let out = dir.join(if hog { "session-hog" } else { "session" });
+    let out = dir.join(format!("session-{name}"));
     let mut tracer = start(
         Spawn::new("tracer", env!("CARGO_BIN_EXE_tracer"))
             .args(["record", "--pid", &server.pid().to_string()])
@@ -115,15 +129,15 @@ fn session(proxy: Proxy, bins: &Binaries, upstream: &str, dir: &Path, hog: bool)
     if let Err(err) = tracer.wait_for_prefix("tracer: program ids ", READY_TIMEOUT) {
         panic!("{err:#}");
     }
-    let hog = hog.then(|| cpu_hog(dir, HOG, PROXY_CPU));
+    let hog: Option<Vec<Proc>> = hog.then(|| {
+        (0..HOG_SPINNERS)
+            .map(|_| cpu_hog(dir, HOG, PROXY_CPU))
+            .collect()
+    });
     let client = load(
         &bins.loadgen,
         &format!("http://127.0.0.1:{port}"),
-        &dir.join(if hog.is_some() {
-            "client-hog.csv"
-        } else {
-            "client.csv"
-        }),
+        &dir.join(format!("client-{name}.csv")),
     );
     drop(hog);
     tracer.signal(Signal::INT).unwrap();
@@ -228,10 +242,11 @@ fn check(proxy: Proxy, s: &Session, direct_median: u64) {
     );
 }
 
-/// The p99 of `scheduling + queued` over a session's requests.
-fn waiting_p99(traced: &[Row]) -> u64 {
-    let mut waits: Vec<u64> = traced
+/// The p99 of `scheduling + queued` over the requests of `sessions`.
+fn waiting_p99(sessions: &[&Session]) -> u64 {
+    let mut waits: Vec<u64> = sessions
         .iter()
+        .flat_map(|s| &s.traced)
         .map(|r| num(r, "scheduling_ns") + num(r, "queued_ns"))
         .collect();
     waits.sort_unstable();
@@ -258,16 +273,28 @@ fn traced_proxy(test: &str, proxy: Proxy) {
             .map(|r| num(r, "received_ns") - num(r, "sent_ns"))
             .collect(),
     );
-    let quiet = session(proxy, &bins, &upstream, dir.path(), false);
-    check(proxy, &quiet, direct_median);
-    let hogged = session(proxy, &bins, &upstream, dir.path(), true);
-    check(proxy, &hogged, direct_median);
-    let (before, after) = (waiting_p99(&quiet.traced), waiting_p99(&hogged.traced));
-    eprintln!("e2e {proxy:?}: p99 scheduling + queued {before} ns, with the hog {after} ns");
+    let sessions = [
+        ("quiet-before", false),
+        ("hog", true),
+        ("quiet-after", false),
+    ]
+    .map(|(name, hog)| {
+        let s = session(proxy, &bins, &upstream, dir.path(), name, hog);
+        check(proxy, &s, direct_median);
+        s
+    });
+    let [before, hogged, after] = &sessions;
+    let (quiet, hog) = (waiting_p99(&[before, after]), waiting_p99(&[hogged]));
+    eprintln!(
+        "e2e {proxy:?}: p99 scheduling + queued {quiet} ns quiet ({} before, {} after), \
+         {hog} ns with the hog",
+        waiting_p99(&[before]),
+        waiting_p99(&[after])
+    );
     assert!(
-        after >= 2 * before && after >= before + 1_000_000,
+        hog >= 2 * quiet && hog >= quiet + 1_000_000,
         "{proxy:?}: a CPU hog on the proxy's CPU moved the p99 of scheduling + queued from \
-         {before} ns to {after} ns only"
+         {quiet} ns to {hog} ns only"
     );
 }
 
