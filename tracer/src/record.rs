@@ -17,7 +17,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use tracer_ebpf::abi::{Event, kind};
 
 use crate::{
-    attach::{Options, Session, detect::Plan, preflight, target::Target, tracefs},
+    attach::{Options, Session, detect::Plan, mode::Seed, preflight, target::Target, tracefs},
     audit::hooks::Hooks,
     cli::RecordArgs,
     events::{DEFAULT_WINDOW_NS, EventSink, EventStream, data::Data, monotonic_ns},
@@ -287,7 +287,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
             (false, false) => SessionRebuilder::Exact(Rebuilder::new()),
         },
         writer: SessionWriter::create(&out, meta)?,
-        pictures: Pictures::start(pid, &out, wait_for, args.sample_hz)?,
+        pictures: Pictures::start(&Seed::tgids(&targets), &out, wait_for, args.sample_hz)?,
         tally: Tally::default(),
         hooks: Hooks::start(
             args.raw_events.as_deref(),

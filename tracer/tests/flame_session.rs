@@ -167,7 +167,7 @@ fn draw_records(dir: &Path, wait_for: bool, records: Vec<RequestRecord>) -> Pict
             &mut symbolizer,
             &threads,
             &HashMap::from([(HOG, "hog".to_owned())]),
-            4242,
+            "gateway threads (pid 4242)",
         )
         .unwrap()
 }

@@ -139,7 +139,7 @@ fn sampled_phases_agree_with_the_exact_split_within_the_sampling_bound() {
             &mut symbolizer,
             &ThreadNames::from([(WORKER, "tokio-rt-worker".to_owned())]),
             &HashMap::new(),
-            4242,
+            "gateway threads (pid 4242)",
         )
         .unwrap();
     let pictures: session::pictures::Pictures =

@@ -19,7 +19,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::fs;
 use std::io::{self, BufWriter, Write};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::out_dir::OutDir;
 use crate::requests::RequestRecord;
@@ -104,7 +104,7 @@ impl FlameSession {
         symbolizer: &mut Symbolizer,
         threads: &ThreadNames,
         tasks: &HashMap<u32, String>,
-        gateway_pid: u32,
+        threads_title: &str,
     ) -> Result<model::Pictures> {
         let mut all = StackCounts::default();
         let mut tail_wait = WaitCounts::default();
@@ -316,7 +316,7 @@ impl FlameSession {
             .chain(closest.iter().map(|(_, _, Keep(r))| (Group::Median, r)))
             .collect();
         let trace = self.out_dir.create_file(files::TRACE)?;
-        let written = trace_json::write_trace(trace, &selected, threads, gateway_pid)
+        let written = trace_json::write_trace(trace, &selected, threads, threads_title)
             .context("writing trace.json")?;
         summary.trace.thread_tracks = written.thread_tracks as u64;
         summary.trace.complete_events = written.events as u64;
@@ -343,13 +343,19 @@ pub struct Pictures {
     session: FlameSession,
     symbolizer: Symbolizer,
     threads: ThreadNames,
-    pid: u32,
+    /// The traced processes (kernel-only mode follows a master's workers).
+    pids: Vec<u32>,
+    threads_title: String,
 }
 
 impl Pictures {
+    /// `pids`: the traced processes, the first one's mappings used for symbols.
     /// `wait_for`: also draw the wait-for view (the records carry their waits).
     /// `sample_hz`: the session's cpu-clock sampling rate.
-    pub fn start(pid: u32, out_dir: &OutDir, wait_for: bool, sample_hz: u64) -> Result<Self> {
+    pub fn start(pids: &[u32], out_dir: &OutDir, wait_for: bool, sample_hz: u64) -> Result<Self> {
+        let &[pid, ..] = pids else {
+            bail!("no process to draw");
+        };
         let session = FlameSession::create(out_dir)?;
         // No rate with sampling off: pictures.json turns samples into time with it.
         let session = match sample_hz {
@@ -374,8 +380,9 @@ impl Pictures {
                 session
             },
             symbolizer,
-            threads: trace_json::read_thread_names(pid),
-            pid,
+            threads: trace_json::read_thread_names(pids),
+            pids: pids.to_vec(),
+            threads_title: trace_json::threads_title(pids),
         })
     }
 
@@ -392,14 +399,15 @@ impl Pictures {
         tasks: &HashMap<u32, String>,
     ) -> Result<model::Pictures> {
         // Threads started after attach (or renamed) are named too, if the target still runs.
-        self.threads.extend(trace_json::read_thread_names(self.pid));
+        self.threads
+            .extend(trace_json::read_thread_names(&self.pids));
         self.session.finish(
             bands,
             stacks,
             &mut self.symbolizer,
             &self.threads,
             tasks,
-            self.pid,
+            &self.threads_title,
         )
     }
 }

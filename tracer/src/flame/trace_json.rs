@@ -1,8 +1,8 @@
 //! Chrome trace-event JSON (loads in Perfetto and chrome://tracing) of selected requests.
 //!
 //! Layout:
-//! - process "gateway threads": one track per gateway thread the selected requests ran on,
-//!   named from `/proc/PID/task/TID/comm`, holding each slice charged to that thread: on-CPU
+//! - process "<comm> threads (pid …)": one track per thread of the traced processes the
+//!   selected requests ran on, named from `/proc/PID/task/TID/comm`, holding each slice charged to that thread: on-CPU
 //!   phases, preemption and run-queue waits (`scheduling`), and on the ledger writer
 //!   `ledger_fsync`, `signing` and `ledger_other`. A slice shared by several requests (one
 //!   fsync serving a batch) is drawn once, with every request id in its args. Slices that
@@ -24,21 +24,33 @@ use crate::requests::{Part, RequestRecord};
 /// Thread id → name.
 pub type ThreadNames = BTreeMap<u32, String>;
 
-/// Reads the names of `pid`'s threads; missing or unreadable entries are skipped.
-pub fn read_thread_names(pid: u32) -> ThreadNames {
+/// Reads the names of the threads of `pids`; missing or unreadable entries are skipped.
+pub fn read_thread_names(pids: &[u32]) -> ThreadNames {
     let mut names = ThreadNames::new();
-    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
-        return names;
-    };
-    for task in tasks.flatten() {
-        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+    for pid in pids {
+        let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
             continue;
         };
-        if let Ok(comm) = fs::read_to_string(task.path().join("comm")) {
-            names.insert(tid, comm.trim_end().to_owned());
+        for task in tasks.flatten() {
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            if let Ok(comm) = fs::read_to_string(task.path().join("comm")) {
+                names.insert(tid, comm.trim_end().to_owned());
+            }
         }
     }
     names
+}
+
+/// The name of the traced processes' track group: `nginx threads (pid 10, 11)`.
+pub fn threads_title(pids: &[u32]) -> String {
+    let comm = pids
+        .first()
+        .and_then(|pid| fs::read_to_string(format!("/proc/{pid}/comm")).ok())
+        .map_or_else(|| "traced".to_owned(), |comm| comm.trim_end().to_owned());
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    format!("{comm} threads (pid {})", pids.join(", "))
 }
 
 /// Why a request is in the trace.
@@ -74,14 +86,14 @@ pub struct TraceSummary {
 pub fn trace(
     requests: &[(Group, &RequestRecord)],
     threads: &ThreadNames,
-    gateway_pid: u32,
+    threads_title: &str,
 ) -> (Value, TraceSummary) {
     let mut events = vec![
         meta(
             "process_name",
             THREADS_PID,
             None,
-            json!({ "name": format!("gateway threads (pid {gateway_pid})") }),
+            json!({ "name": threads_title }),
         ),
         meta(
             "process_sort_index",
@@ -208,9 +220,9 @@ pub fn write_trace(
     mut out: impl io::Write,
     requests: &[(Group, &RequestRecord)],
     threads: &ThreadNames,
-    gateway_pid: u32,
+    threads_title: &str,
 ) -> io::Result<TraceSummary> {
-    let (value, summary) = trace(requests, threads, gateway_pid);
+    let (value, summary) = trace(requests, threads, threads_title);
     out.write_all(&serde_json::to_vec(&value).map_err(io::Error::other)?)?;
     Ok(summary)
 }
@@ -380,7 +392,11 @@ mod tests {
             (100, "tokio-rt-worker".to_owned()),
             (200, "ledger-writer".to_owned()),
         ]);
-        let (value, summary) = trace(&[(Group::Slowest, &a), (Group::Median, &b)], &names, 42);
+        let (value, summary) = trace(
+            &[(Group::Slowest, &a), (Group::Median, &b)],
+            &names,
+            "gateway threads (pid 42)",
+        );
         let events = value["traceEvents"].as_array().unwrap();
         let fsync: Vec<_> = events
             .iter()
