@@ -466,14 +466,11 @@ impl Joiner {
 
     /// Starts `conn` afresh with the role its first request line gives it.
     fn begin(&mut self, conn: &mut Conn, dir: Direction) {
-        *conn = Conn {
-            kind: match dir {
-                Direction::Receive => Kind::Client,
-                Direction::Send => Kind::Upstream,
-            },
-            last_ns: conn.last_ns,
-            ..Conn::default()
+        let kind = match dir {
+            Direction::Receive => Kind::Client,
+            Direction::Send => Kind::Upstream,
         };
+        conn.restart(kind);
     }
 
     /// The connection's fd is another connection now: its client exchange cannot finish.
@@ -484,10 +481,7 @@ impl Joiner {
             let close = self.open[&s].until_close;
             self.end(s, if close { None } else { Some(Reason::Reset) });
         }
-        *conn = Conn {
-            last_ns: conn.last_ns,
-            ..Conn::default()
-        };
+        conn.restart(Kind::Unknown);
     }
 
     fn unsupported(&mut self, conn: &mut Conn, kind: Unsupported) {
@@ -495,11 +489,7 @@ impl Joiner {
         if let Some(s) = self.live(conn.current) {
             self.end(s, Some(Reason::Unsupported(kind)));
         }
-        *conn = Conn {
-            kind: Kind::Unsupported,
-            last_ns: conn.last_ns,
-            ..Conn::default()
-        };
+        conn.restart(Kind::Unsupported);
     }
 
     fn live(&self, serial: Option<u64>) -> Option<u64> {
@@ -996,6 +986,15 @@ struct Conn {
 }
 
 impl Conn {
+    /// Forgets all but when the fd was last seen, as `kind` now.
+    fn restart(&mut self, kind: Kind) {
+        *self = Conn {
+            kind,
+            last_ns: self.last_ns,
+            ..Conn::default()
+        };
+    }
+
     fn framer(&mut self, dir: Direction) -> &mut Framer {
         match dir {
             Direction::Receive => &mut self.recv,
