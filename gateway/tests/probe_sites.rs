@@ -134,23 +134,10 @@ fn is_root() -> bool {
 /// `program` from PATH, installed from Debian's `package` when missing, as on a new machine.
 /// Needs root, as apt-get does.
 fn tool(program: &str, package: &str) -> PathBuf {
-    let find = || {
-        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-            .map(|dir| dir.join(program))
-            .find(|path| path.is_file())
-    };
-    if let Some(path) = find() {
+    use harness::install::{apt_install, find_in_path};
+    if let Some(path) = find_in_path(program) {
         return path;
     }
-    let apt = |args: &[&str]| {
-        let status = Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .expect("running apt-get");
-        assert!(status.success(), "apt-get {args:?} failed");
-    };
-    apt(&["update", "-qq"]);
-    apt(&["install", "-y", "-qq", "--no-install-recommends", package]);
-    find().unwrap_or_else(|| panic!("{package} installed no {program}"))
+    apt_install(&[package], false).unwrap_or_else(|e| panic!("{e:#}"));
+    find_in_path(program).unwrap_or_else(|| panic!("{package} installed no {program}"))
 }

@@ -172,34 +172,7 @@ pub fn demo_gateway(
 
 /// `proxy`'s binary, installed with apt-get first where it is missing.
 pub fn installed(proxy: Proxy) -> PathBuf {
-    if let Some(path) = proxy.find() {
-        return path;
-    }
-    let name = proxy.package();
-    eprintln!("e2e: installing {name} with apt-get");
-    let apt = |args: &[&str]| {
-        Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .output()
-            .unwrap_or_else(|e| panic!("apt-get: {e}"))
-    };
-    let mut out = apt(&["install", "-y", "--no-install-recommends", name]);
-    if !out.status.success() {
-        // A new machine may not have the package lists yet.
-        apt(&["update"]);
-        out = apt(&["install", "-y", "--no-install-recommends", name]);
-    }
-    assert!(
-        out.status.success(),
-        "apt-get install {name} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // Debian starts an installed daemon; the tests run their own.
-    let _ = Command::new("systemctl").args(["stop", name]).output();
-    proxy
-        .find()
-        .unwrap_or_else(|| panic!("{name} installed, but not found"))
+    harness::procs::installed_proxy(proxy).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// mock-upstream answering after `delay_ms`, pinned to `cpu`: the process and its address
