@@ -14,7 +14,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use attach_common::{Binaries, Proc, Signal, Spawn, cargo_build_binaries, start, wait_listening};
+use attach_common::{
+    Background, Binaries, Proc, Signal, Spawn, cargo_build_binaries, start, wait_listening,
+};
 use session::analysis::accuracy::{self, Accuracy};
 
 /// Starts a server that prints `listening on ADDR`; returns it and the address.
@@ -25,28 +27,21 @@ fn serve(name: &str, command: Command) -> (Proc, String) {
 }
 
 /// `tracer record` with `extra` flags, once its programs are attached.
-fn attach(pid: u32, out: &Path, extra: &[&str]) -> Proc {
-    let mut tracer = start(
+fn attach(pid: u32, out: &Path, extra: &[&str]) -> Background {
+    Background::attached(
         Spawn::command("tracer", attach_common::tracer())
             .args(["record", "--pid", &pid.to_string(), "--out"])
             .arg(out)
             .args(["--sample-hz", "99"])
             .args(extra)
             .log(out.with_extension("log")),
-    );
-    if let Err(err) = tracer.wait_for_prefix("tracer: program ids ", Duration::from_secs(60)) {
-        panic!("the tracer did not attach: {err:#}");
-    }
-    tracer
+        Duration::from_secs(60),
+    )
 }
 
 /// SIGINT, then wait for the tracer to write its files; returns breakdown.json.
-fn stop(mut tracer: Proc, out: &Path) -> serde_json::Value {
-    tracer.signal(Signal::INT).unwrap();
-    let status = tracer
-        .wait_timeout(Duration::from_secs(120))
-        .unwrap_or_else(|e| panic!("the tracer did not stop: {e:#}"));
-    assert!(status.success(), "tracer failed:{}", tracer.tail());
+fn stop(mut tracer: Background, out: &Path) -> serde_json::Value {
+    tracer.stop(Duration::from_secs(120));
     serde_json::from_str(&fs::read_to_string(out.join("breakdown.json")).unwrap()).unwrap()
 }
 
@@ -149,9 +144,9 @@ fn client_and_tracer_agree_and_loss_is_never_attributed() {
         loadgen(&bins, &url, &key, 1000, 5, &csv),
     ));
     std::thread::sleep(Duration::from_secs(1));
-    tracer.signal(Signal::STOP).unwrap();
+    tracer.signal(Signal::STOP);
     std::thread::sleep(Duration::from_secs(2));
-    tracer.signal(Signal::CONT).unwrap();
+    tracer.signal(Signal::CONT);
     let status = load.wait().unwrap();
     assert!(status.success(), "loadgen failed ({status}){}", load.tail());
     let breakdown = stop(tracer, &out);

@@ -61,12 +61,7 @@ fn every_event_kind_arrives_and_detach_is_clean() {
 
     let ids = program_ids(&stderr);
     assert!(ids.len() > 30, "program ids missing:\n{stderr}");
-    assert_eq!(
-        still_loaded(&ids),
-        Vec::<u32>::new(),
-        "programs outlived the tracer"
-    );
-    assert_eq!(leftover_uprobes(&me), Vec::<String>::new());
+    assert_detached(&stderr, &[&me]);
 }
 
 #[test]
@@ -98,8 +93,7 @@ fn stops_when_the_target_exits() {
         counts.iter().any(|(name, n)| name == "site" && *n > 0),
         "{stderr}"
     );
-    assert_eq!(still_loaded(&program_ids(&stderr)), Vec::<u32>::new());
-    assert_eq!(leftover_uprobes(&me), Vec::<String>::new());
+    assert_detached(&stderr, &[&me]);
 }
 
 #[test]
@@ -118,7 +112,7 @@ fn sigint_detaches() {
     drop(fixture);
     assert!(status.success(), "tracer failed:\n{stderr}");
     assert!(stderr.contains("stopped (signal 2)"), "{stderr}");
-    assert_eq!(still_loaded(&program_ids(&stderr)), Vec::<u32>::new());
+    assert_detached(&stderr, &[&me]);
 }
 
 /// `--empty-programs` (validate's "hooks only" floor row) must cost what the hooks cost: every
@@ -146,8 +140,7 @@ fn empty_programs_attach_every_hook_and_record_nothing() {
     let counts = event_counts(&stderr);
     assert_eq!(counts.len(), 10, "{stderr}");
     assert!(counts.iter().all(|(_, n)| *n == 0), "{stderr}");
-    assert_eq!(still_loaded(&program_ids(&stderr)), Vec::<u32>::new());
-    assert_eq!(leftover_uprobes(&me), Vec::<String>::new());
+    assert_detached(&stderr, &[&me]);
 }
 
 /// Issue 21 item 7: a thread that exits leaves TIDS for good. Its last switch-out, after

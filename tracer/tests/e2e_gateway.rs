@@ -23,8 +23,8 @@ use std::{
 };
 
 use attach_common::{
-    Row, Signal, Spawn, Stream, build_binaries, cpu_hog, demo_gateway, leftover_uprobes, num,
-    open_loop, program_ids, read_csv, require_root, start, still_loaded, wait_listening,
+    Background, Row, Signal, Spawn, assert_detached, build_binaries, cpu_hog, demo_gateway, num,
+    open_loop, read_csv, require_root, start, wait_listening,
 };
 
 /// The load: well below the gateway's max, so nothing queues and nothing may be lost.
@@ -126,15 +126,13 @@ fn traced_run(hog: bool, binary: Binary) -> TracedRun {
 
     let pid = gateway.pid().to_string();
     let attach = std::env::var("TRACER_ATTACH").unwrap_or_else(|_| "auto".to_owned());
-    let mut tracer = start(
+    let mut tracer = Background::attached(
         Spawn::new("tracer", env!("CARGO_BIN_EXE_tracer"))
             .args(["record", "--pid", &pid, "--out", out.to_str().unwrap()])
             .args(["--attach", &attach, "--wait-for"])
             .cpus(Some(LOAD_CPU)),
+        READY_TIMEOUT,
     );
-    if let Err(err) = tracer.wait_for_prefix("tracer: program ids ", READY_TIMEOUT) {
-        panic!("{err:#}");
-    }
     let attached_s = started.elapsed().as_secs_f64();
     let hog = hog.then(|| {
         // Weighted above the gateway's threads (nice -5: ~3× the CPU share of each), so that
@@ -158,12 +156,7 @@ fn traced_run(hog: bool, binary: Binary) -> TracedRun {
         &client_csv,
     );
 
-    tracer.signal(Signal::INT).unwrap();
-    let status = tracer
-        .wait_timeout(FINISH_TIMEOUT)
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let stderr = tracer.output_of(Stream::Stderr);
-    assert!(status.success(), "tracer failed ({status}):\n{stderr}");
+    let stderr = tracer.stop(FINISH_TIMEOUT);
     eprintln!(
         "e2e: attached after {attached_s:.1}s, done after {:.1}s",
         started.elapsed().as_secs_f64()
@@ -172,17 +165,10 @@ fn traced_run(hog: bool, binary: Binary) -> TracedRun {
         eprintln!("e2e: {line}");
     }
 
-    // Nothing of ours outlives the tracer.
-    let ids = program_ids(&stderr);
-    assert!(!ids.is_empty(), "no program ids line:\n{stderr}");
-    assert_eq!(
-        still_loaded(&ids),
-        Vec::<u32>::new(),
-        "programs outlived the tracer"
+    assert_detached(
+        &stderr,
+        &[&gateway_bin, &gateway_bin.canonicalize().unwrap()],
     );
-    for binary in [gateway_bin.clone(), gateway_bin.canonicalize().unwrap()] {
-        assert_eq!(leftover_uprobes(&binary), Vec::<String>::new());
-    }
     // The gateway ends on SIGINT (its Ctrl-C); killed if it does not within a few seconds.
     let _ = gateway.signal(Signal::INT);
     let _ = gateway.wait_timeout(Duration::from_secs(5));

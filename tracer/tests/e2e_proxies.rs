@@ -26,9 +26,8 @@ use std::{
 };
 
 use attach_common::{
-    Binaries, Proc, Proxy, Row, Signal, Spawn, Stream, build_binaries, cpu_hog, demo_gateway,
-    installed, mock_upstream, num, open_loop, program_ids, read_csv, require_root, start,
-    still_loaded,
+    Background, Binaries, Proc, Proxy, Row, Signal, Spawn, Stream, assert_detached, build_binaries,
+    cpu_hog, demo_gateway, installed, mock_upstream, num, open_loop, read_csv, require_root, start,
 };
 use testproc::proxy::free_port;
 
@@ -39,6 +38,8 @@ const RATE: u64 = 200;
 const LOAD_SECONDS: u64 = 3;
 const CONNECTIONS: &str = "4";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a stopped tracer may take to write its session.
+const FINISH_TIMEOUT: Duration = Duration::from_secs(120);
 /// The CPU hog's name (its comm).
 const HOG: &str = "proxy-cpu-hog";
 /// The hog's spinners: three, so that the wait it causes (about as many of its time slices)
@@ -80,10 +81,14 @@ fn load(loadgen: &Path, url: &str, csv: &Path) -> Vec<Row> {
     read_csv(csv)
 }
 
-fn median(mut values: Vec<u64>) -> u64 {
-    assert!(!values.is_empty());
+/// The nearest-rank quantile of `values`, `permille` in 0..=1000.
+fn quantile(mut values: Vec<u64>, permille: usize) -> u64 {
     values.sort_unstable();
-    values[values.len() / 2]
+    session::stats::nearest_rank(&values, permille).expect("no values")
+}
+
+fn median(values: Vec<u64>) -> u64 {
+    quantile(values, 500)
 }
 
 /// The parts of a requests.csv row: every `*_ns` column after `overhead_ns`.
@@ -119,16 +124,14 @@ fn session(
     let port = free_port().unwrap();
     let mut server = start_proxy(proxy, dir, port, upstream);
     let out = dir.join(format!("session-{name}"));
-    let mut tracer = start(
+    let mut tracer = Background::attached(
         Spawn::new("tracer", env!("CARGO_BIN_EXE_tracer"))
             .args(["record", "--pid", &server.pid().to_string()])
             .arg("--out")
             .arg(&out)
             .cpus(Some(LOAD_CPU)),
+        READY_TIMEOUT,
     );
-    if let Err(err) = tracer.wait_for_prefix("tracer: program ids ", READY_TIMEOUT) {
-        panic!("{err:#}");
-    }
     let hog: Option<Vec<Proc>> = hog.then(|| {
         (0..HOG_SPINNERS)
             .map(|_| cpu_hog(dir, HOG, PROXY_CPU))
@@ -140,17 +143,12 @@ fn session(
         &dir.join(format!("client-{name}.csv")),
     );
     drop(hog);
-    tracer.signal(Signal::INT).unwrap();
-    let status = tracer
-        .wait_timeout(Duration::from_secs(120))
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let stderr = tracer.output_of(Stream::Stderr);
-    assert!(status.success(), "tracer failed ({status}):\n{stderr}");
+    let stderr = tracer.stop(FINISH_TIMEOUT);
     assert!(
         stderr.contains("mode: kernel-only"),
         "the session does not say its mode:\n{stderr}"
     );
-    assert_eq!(still_loaded(&program_ids(&stderr)), Vec::<u32>::new());
+    assert_detached(&stderr, &[]);
     let _ = server.signal(Signal::TERM);
     drop(server);
     let ok = client
@@ -244,13 +242,12 @@ fn check(proxy: Proxy, s: &Session, direct_median: u64) {
 
 /// The p99 of `scheduling + queued` over the requests of `sessions`.
 fn waiting_p99(sessions: &[&Session]) -> u64 {
-    let mut waits: Vec<u64> = sessions
+    let waits = sessions
         .iter()
         .flat_map(|s| &s.traced)
         .map(|r| num(r, "scheduling_ns") + num(r, "queued_ns"))
         .collect();
-    waits.sort_unstable();
-    waits[(waits.len() * 99 / 100).min(waits.len() - 1)]
+    quantile(waits, 990)
 }
 
 fn traced_proxy(test: &str, proxy: Proxy) {
@@ -330,18 +327,15 @@ fn the_gateway_traced_kernel_only_agrees_with_its_exact_trace() {
     let (gateway, url, key) = demo_gateway(&bins.gateway, dir.path(), &upstream, PROXY_CPU);
     let pid = gateway.pid().to_string();
     let tracer = |name: &str, extra: &[&str]| {
-        let mut tracer = start(
+        Background::attached(
             Spawn::new(name, env!("CARGO_BIN_EXE_tracer"))
                 .args(["record", "--pid", &pid, "--sample-hz", "0"])
                 .args(extra)
                 .arg("--out")
                 .arg(dir.path().join(name))
                 .cpus(Some(LOAD_CPU)),
-        );
-        if let Err(err) = tracer.wait_for_prefix("tracer: program ids ", READY_TIMEOUT) {
-            panic!("{err:#}");
-        }
-        tracer
+            READY_TIMEOUT,
+        )
     };
     let mut exact = tracer("exact", &["--no-calibrate"]);
     let mut kernel_only = tracer("kernel-only", &["--kernel-only"]);
@@ -354,15 +348,7 @@ fn the_gateway_traced_kernel_only_agrees_with_its_exact_trace() {
     );
     let mut rows = Vec::new();
     for (name, tracer) in [("exact", &mut exact), ("kernel-only", &mut kernel_only)] {
-        tracer.signal(Signal::INT).unwrap();
-        let status = tracer
-            .wait_timeout(Duration::from_secs(120))
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        let stderr = tracer.output_of(Stream::Stderr);
-        assert!(
-            status.success(),
-            "{name} tracer failed ({status}):\n{stderr}"
-        );
+        tracer.stop(FINISH_TIMEOUT);
         rows.push(read_csv(&dir.path().join(name).join("requests.csv")));
     }
     drop(gateway);
@@ -374,11 +360,7 @@ fn the_gateway_traced_kernel_only_agrees_with_its_exact_trace() {
         kernel_only.len()
     );
     let column = |rows: &[Row], name: &str| rows.iter().map(|r| num(r, name)).collect::<Vec<_>>();
-    let at = |rows: &[Row], name: &str, permille: usize| {
-        let mut column = column(rows, name);
-        column.sort_unstable();
-        session::stats::nearest_rank(&column, permille).expect("no requests")
-    };
+    let at = |rows: &[Row], name: &str, permille| quantile(column(rows, name), permille);
     for name in ["total_ns", "upstream_ns"] {
         for permille in [500, 990] {
             let q = permille as f64 / 1000.0;

@@ -81,8 +81,7 @@ fn stops_cleanly_on(signal: Signal) {
         "{stderr}"
     );
     setup.assert_outputs(&stderr);
-    assert_eq!(still_loaded(&program_ids(&stderr)), Vec::<u32>::new());
-    assert_eq!(leftover_uprobes(&setup.me), Vec::<String>::new());
+    assert_detached(&stderr, &[&setup.me]);
 }
 
 #[test]

@@ -401,17 +401,38 @@ pub fn expected_kinds() -> (String, String, String) {
 
 /// A tracer running in the background, its output collected (a [`testproc::Proc`]: stopped
 /// and reaped on drop); [`Self::wait_ready`] blocks until it printed its ready line
-/// (`tracer: program ids`).
+/// (`tracer: program ids`), [`Self::stop`] ends its session as Ctrl-C does.
 pub struct Background(pub Proc);
 
 impl Background {
     pub fn spawn<S: AsRef<OsStr>>(args: &[S]) -> Background {
-        Background(
-            testproc::Spawn::new("tracer", env!("CARGO_BIN_EXE_tracer"))
-                .args(args)
-                .start()
-                .unwrap_or_else(|e| panic!("{e:#}")),
-        )
+        Background(start(
+            Spawn::new("tracer", env!("CARGO_BIN_EXE_tracer")).args(args),
+        ))
+    }
+
+    /// Starts `spawn` (a tracer) and waits until its programs are attached.
+    pub fn attached(spawn: Spawn, timeout: Duration) -> Background {
+        let mut tracer = Background(start(spawn));
+        tracer.wait_ready(timeout);
+        tracer
+    }
+
+    /// SIGINT, then waits up to `timeout` for the session's files and the exit; its stderr.
+    /// Panics with that output unless it exits 0.
+    pub fn stop(&mut self, timeout: Duration) -> String {
+        self.signal(Signal::INT);
+        let status = self
+            .0
+            .wait_timeout(timeout)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let stderr = self.0.output_of(Stream::Stderr);
+        assert!(
+            status.success(),
+            "{} failed ({status}):\n{stderr}",
+            self.0.name()
+        );
+        stderr
     }
 
     /// Panics with the tracer's output if it is not attached within `timeout`.
@@ -467,6 +488,22 @@ pub fn still_loaded(ids: &[u32]) -> Vec<u32> {
             return left;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Asserts that nothing of a finished tracer outlives it: none of the programs its stderr
+/// names (`tracer: program ids …`, which must be there) is still loaded, and no uprobe names
+/// any of `binaries`.
+pub fn assert_detached(stderr: &str, binaries: &[&Path]) {
+    let ids = program_ids(stderr);
+    assert!(!ids.is_empty(), "no program ids line:\n{stderr}");
+    assert_eq!(
+        still_loaded(&ids),
+        Vec::<u32>::new(),
+        "programs outlived the tracer"
+    );
+    for binary in binaries {
+        assert_eq!(leftover_uprobes(binary), Vec::<String>::new());
     }
 }
 
