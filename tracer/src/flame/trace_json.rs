@@ -1,13 +1,13 @@
 //! Chrome trace-event JSON (loads in Perfetto and chrome://tracing) of selected requests.
 //!
 //! Layout:
-//! - process "<comm> threads (pid …)": one track per thread of the traced processes the
-//!   selected requests ran on, named from `/proc/PID/task/TID/comm`, holding each slice charged to that thread: on-CPU
-//!   phases, preemption and run-queue waits (`scheduling`), and on the ledger writer
-//!   `ledger_fsync`, `signing` and `ledger_other`. A slice shared by several requests (one
-//!   fsync serving a batch) is drawn once, with every request id in its args. Slices that
-//!   overlap without nesting (two requests waiting for the same thread) go on extra tracks
-//!   named "<thread> (overlap N)", so no slice is dropped or mis-nested.
+//! - process "<comm> threads (pid …)": one track per thread of the traced processes that the
+//!   selected requests ran on, named from `/proc/PID/task/TID/comm`, holding each slice
+//!   charged to that thread: on-CPU phases, preemption and run-queue waits (`scheduling`),
+//!   and on the ledger writer `ledger_fsync`, `signing` and `ledger_other`. A slice shared by
+//!   several requests (one fsync serving a batch) is drawn once, with every request id in its
+//!   args. Slices that overlap without nesting (two requests waiting for the same thread) go
+//!   on extra tracks named "<thread> (overlap N)", so no slice is dropped or mis-nested.
 //! - process "requests": one overview track per request, a slice for the whole request with
 //!   its parts nested under it, including the parts on no thread (upstream, waits).
 //!
