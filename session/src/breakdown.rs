@@ -175,6 +175,10 @@ pub struct TracerCounters {
     pub events: u64,
     pub late_events: u64,
     pub loss_spans: u64,
+    /// Seconds the reader ran at normal priority because a drain found it behind (0: it kept
+    /// up as SCHED_IDLE throughout; absent from sessions before 2026-12-03 noon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reader_behind_s: Option<f64>,
     pub stop_reason: String,
 }
 

@@ -164,20 +164,6 @@ impl Rebuild {
     }
 }
 
-/// The reader only needs throughput (the ring holds seconds of events), so it runs as
-/// SCHED_IDLE: any other task on its CPU, a load generator or the system's own work, runs
-/// first. Set once attached: calibration times itself, and a starved attach would let a
-/// short-lived target exit before it is traced.
-pub(crate) fn yield_cpu_to_others() -> anyhow::Result<()> {
-    // rustix has no sched_setscheduler.
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: plain syscall on this thread, with a valid sched_param.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("sched_setscheduler(SCHED_IDLE)");
-    }
-    Ok(())
-}
-
 pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     // Privileges first: without them the first failure is an unreadable /proc/PID/exe, which
     // does not say what to do.
@@ -250,6 +236,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     }
     let mut stream = EventStream::new(
         session.take_events()?,
+        options.ring_bytes,
         session.take_loss()?,
         DEFAULT_WINDOW_NS,
     );
@@ -303,7 +290,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let ids: Vec<String> = session.program_ids().iter().map(u32::to_string).collect();
     say!("tracer: program ids {}", ids.join(","));
     // Attached: from here on the tracer only reads, and that can wait for others.
-    yield_cpu_to_others()?;
+    stream.priority.run_idle()?;
     let started = Instant::now();
     let mut last_report = (Instant::now(), 0u64, 0u64);
     let reason = loop {
@@ -374,6 +361,13 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     }
     let (user_s, system_s) = crate::audit::cost::own_cpu_seconds();
     say!("tracer: own cpu {user_s:.2}s user + {system_s:.2}s system");
+    let (behind_s, spells) = stream.priority.behind();
+    if spells > 0 {
+        say!(
+            "tracer: the reader was behind for {behind_s:.1}s in {spells} spell(s), at normal \
+             priority then"
+        );
+    }
     let kernel_drops = crate::events::drops::read(&drops)?;
     let unclaimed = sink.rebuilder.established_unclaimed();
     if kernel_drops.tids_full + kernel_drops.in_flight_full > 0 {
@@ -435,6 +429,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         events: stream.counters.events,
         late_events: stream.late_events(),
         loss_spans: sink.tally.loss_spans,
+        reader_behind_s: Some(behind_s),
         cpu_user_s: user_s,
         cpu_system_s: system_s,
     });

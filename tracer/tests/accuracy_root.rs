@@ -158,6 +158,12 @@ fn client_and_tracer_agree_and_loss_is_never_attributed() {
         breakdown["incomplete"].as_u64().unwrap() > 0,
         "no request marked incomplete"
     );
+    // Woken to a full ring, the reader ran at normal priority until it kept up again.
+    assert!(
+        breakdown["tracer"]["reader_behind_s"].as_f64().unwrap() > 0.0,
+        "the reader never counted itself behind: {}",
+        breakdown["tracer"]
+    );
     assert_eq!(
         crossing_loss(&out, &breakdown),
         0,

@@ -235,6 +235,8 @@ struct CostAndLoss<'a> {
     cpu_system_s: Option<f64>,
     /// NaN when unknown, as the README has always said it.
     peak_rss_mib: f64,
+    /// Seconds the reader ran at normal priority, having fallen behind; 0 when it kept up.
+    reader_behind_s: f64,
 }
 
 impl Figures for CostAndLoss<'_> {}
@@ -284,6 +286,7 @@ fn cost_and_loss(b: &Breakdown, target: Target) -> String {
             .and_then(|t| t.peak_rss_kib)
             .map_or(f64::NAN, |kib| kib as f64)
             / 1024.0,
+        reader_behind_s: own.and_then(|t| t.reader_behind_s).unwrap_or(0.0),
     }
     .render()
     .expect("the cost and loss template renders")
@@ -890,6 +893,26 @@ pub(crate) mod tests {
         assert!(text.contains("6.0 s CPU during the session"), "{text}");
         assert!(text.contains("peak RSS 163.6 MiB"), "{text}");
         assert!(text.contains("profiles/validation-*/"), "{text}");
+        assert!(!text.contains("fell behind"), "{text}");
+    }
+
+    #[test]
+    fn a_reader_that_fell_behind_is_said_with_its_seconds() {
+        let mut session = breakdown(0, 0);
+        session.tracer = Some(session::breakdown::TracerCounters {
+            reader_behind_s: Some(2.5),
+            ..Default::default()
+        });
+        let text = cost_and_loss(&session, Target::Gateway);
+        assert!(
+            text.contains("**The tracer's reader fell behind** for 2.5 s of the session"),
+            "{text}"
+        );
+        // Kept up throughout, or recorded before the count existed: nothing said.
+        for behind in [Some(0.0), None] {
+            session.tracer.as_mut().unwrap().reader_behind_s = behind;
+            assert!(!cost_and_loss(&session, Target::Gateway).contains("fell behind"));
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod data;
 pub mod decode;
 pub mod drops;
 pub mod loss;
+pub mod priority;
 pub mod reorder;
 
 use std::os::fd::{AsFd as _, BorrowedFd};
@@ -13,7 +14,7 @@ use std::os::fd::{AsFd as _, BorrowedFd};
 use aya::maps::{MapData, RingBuf};
 use tracer_ebpf::abi::Event;
 
-use self::{data::Data, loss::LossPoller, reorder::Reorder};
+use self::{data::Data, loss::LossPoller, priority::ReaderPriority, reorder::Reorder};
 
 /// One record of the ordered stream: an event, or (kernel-only mode) a data syscall with its
 /// bytes, ordered by its `exit_ns`.
@@ -85,16 +86,26 @@ pub struct EventStream {
     reorder: Reorder,
     window_ns: u64,
     pub counters: Counters,
+    /// The reading thread's scheduling, which follows how far behind its drains find it.
+    pub priority: ReaderPriority,
 }
 
 impl EventStream {
-    pub fn new(ring: RingBuf<MapData>, loss: PerCpuArrayLoss, window_ns: u64) -> Self {
+    /// `ring_bytes`: the ring's size, against which a drain's bytes say whether the reader is
+    /// behind.
+    pub fn new(
+        ring: RingBuf<MapData>,
+        ring_bytes: u32,
+        loss: PerCpuArrayLoss,
+        window_ns: u64,
+    ) -> Self {
         EventStream {
             ring,
             loss: LossPoller::new(loss, monotonic_ns()),
             reorder: Reorder::default(),
             window_ns,
             counters: Counters::default(),
+            priority: ReaderPriority::new(u64::from(ring_bytes)),
         }
     }
 
@@ -143,7 +154,15 @@ impl EventStream {
     }
 
     fn drain_ring(&mut self) {
+        let behind = self.priority.behind_bytes();
+        let mut bytes = 0u64;
         while let Some(record) = self.ring.next() {
+            let before = bytes;
+            bytes += record.len() as u64;
+            // Behind: the rest of this drain already runs at normal priority.
+            if before < behind && bytes >= behind {
+                self.priority.drained(bytes);
+            }
             match decode::decode_record(&record) {
                 Some(record) => {
                     match record {
@@ -155,6 +174,7 @@ impl EventStream {
                 None => self.counters.malformed += 1,
             }
         }
+        self.priority.drained(bytes);
     }
 
     fn poll_loss(&mut self, now: u64, sink: &mut impl EventSink) -> anyhow::Result<()> {
