@@ -317,6 +317,8 @@ impl Proc {
             let now = Instant::now();
             if output.open == 0 || exited.is_some_and(|at| now >= at + PIPES_SETTLE) {
                 drop(output);
+                // A child's pipes close a moment before its exit can be reaped: an exit
+                // looked for once would be missed now and then.
                 let state = match self.exit_status_within(PIPES_SETTLE)? {
                     Some(status) => format!("exited ({status})"),
                     None => "closed its output".to_owned(),
@@ -351,8 +353,8 @@ impl Proc {
         }
     }
 
-    /// Its exit status if it exits within `limit`: a child's pipes close a moment before its
-    /// exit can be reaped, so an exit seen at once would be missed now and then.
+    /// Its exit status if it exits within `limit` (reaped, its output not yet settled); `None`
+    /// if it still runs then.
     fn exit_status_within(&mut self, limit: Duration) -> anyhow::Result<Option<ExitStatus>> {
         let deadline = Instant::now() + limit;
         loop {
@@ -362,7 +364,7 @@ impl Proc {
             if Instant::now() >= deadline {
                 return Ok(None);
             }
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -441,22 +443,16 @@ impl Proc {
     /// Waits for it to exit, then for its output to be read; past `timeout` it is killed,
     /// and that is an error quoting its output.
     pub fn wait_timeout(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                self.settle();
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                self.kill()?;
-                bail!(
-                    "{} still running after {timeout:?}; killed{}",
-                    self.name,
-                    self.tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if let Some(status) = self.exit_status_within(timeout)? {
+            self.settle();
+            return Ok(status);
         }
+        self.kill()?;
+        bail!(
+            "{} still running after {timeout:?}; killed{}",
+            self.name,
+            self.tail()
+        );
     }
 
     /// SIGTERM, then SIGKILL once the grace period is over; reaps it either way. Returns its
@@ -466,13 +462,9 @@ impl Proc {
             return Ok((status, Stopped::Before));
         }
         self.signal(Signal::TERM)?;
-        let deadline = Instant::now() + self.grace;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait()? {
-                self.settle();
-                return Ok((status, Stopped::Terminated));
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if let Some(status) = self.exit_status_within(self.grace)? {
+            self.settle();
+            return Ok((status, Stopped::Terminated));
         }
         Ok((self.kill()?, Stopped::Killed))
     }
