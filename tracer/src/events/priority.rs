@@ -94,7 +94,6 @@ impl Backlog {
 /// was called (before that, while attaching, it keeps the normal policy).
 pub struct ReaderPriority {
     backlog: Backlog,
-    idle: bool,
     managed: bool,
 }
 
@@ -102,7 +101,6 @@ impl ReaderPriority {
     pub fn new(ring_bytes: u64) -> Self {
         ReaderPriority {
             backlog: Backlog::new(ring_bytes),
-            idle: false,
             managed: false,
         }
     }
@@ -112,7 +110,6 @@ impl ReaderPriority {
     /// before it is traced.
     pub fn run_idle(&mut self) -> anyhow::Result<()> {
         set_policy(libc::SCHED_IDLE).context("sched_setscheduler(SCHED_IDLE)")?;
-        self.idle = true;
         self.managed = true;
         Ok(())
     }
@@ -126,14 +123,13 @@ impl ReaderPriority {
         if !self.managed {
             return;
         }
-        let (policy, idle) = match self.backlog.drained(bytes, Instant::now()) {
-            Some(Change::Behind) => (libc::SCHED_OTHER, false),
-            Some(Change::CaughtUp) => (libc::SCHED_IDLE, true),
+        // The backlog's changes alternate, so each one is a change of policy.
+        let change = self.backlog.drained(bytes, Instant::now());
+        let policy = match change {
+            Some(Change::Behind) => libc::SCHED_OTHER,
+            Some(Change::CaughtUp) => libc::SCHED_IDLE,
             None => return,
         };
-        if self.idle == idle {
-            return;
-        }
         if let Err(err) = set_policy(policy) {
             // It stays as it is from here on, said once.
             self.managed = false;
@@ -143,8 +139,7 @@ impl ReaderPriority {
             );
             return;
         }
-        self.idle = idle;
-        if !idle && self.backlog.spells == 1 {
+        if change == Some(Change::Behind) && self.backlog.spells == 1 {
             say!(
                 "tracer: the reader fell behind ({} MiB in one drain); it runs at normal \
                  priority until it keeps up, taking CPU the other tasks would have had",
