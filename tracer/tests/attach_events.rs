@@ -366,7 +366,7 @@ fn stacks_are_not_lost_to_hash_collisions() {
     );
     // Enough that a bucket per hash would almost surely have collided (expected colliding
     // pairs ~ n² / (2 × buckets): 4 at 64, no collision then 1 time in 50; this fixture
-    // makes ~100 here), and few enough to fit.
+    // makes ~100 on 6.18, and fills the map on the emulated 6.1).
     assert!(
         distinct >= 64,
         "only {distinct} distinct stacks: too few to test collisions"
@@ -375,7 +375,12 @@ fn stacks_are_not_lost_to_hash_collisions() {
         distinct <= ENTRIES as usize,
         "{distinct} distinct stacks cannot fit {ENTRIES} entries"
     );
-    assert_eq!(failed, 0, "stacks not taken");
+    // A full map refuses the rest (Debian 6.1 under emulation samples more distinct stacks
+    // than fit); no bucket-per-hash map could have filled every entry.
+    assert!(
+        failed == 0 || distinct == ENTRIES as usize,
+        "{failed} stacks not taken with {distinct} of {ENTRIES} entries used"
+    );
     let mut unique: Vec<&Vec<u64>> = by_id.values().collect();
     unique.sort();
     unique.dedup();
