@@ -930,7 +930,7 @@ fn complete_requests_crossing_loss(
     };
     let path = dir.join("requests.csv");
     let file = fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
-    let requests = accuracy::read_traced_csv(std::io::BufReader::new(file))?;
+    let requests = accuracy::read_traced_csv(file)?;
     let crossing = requests.iter().filter(|r| {
         spans
             .iter()

@@ -9,7 +9,6 @@
 mod attach_common;
 
 use std::fs;
-use std::io::BufReader;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -69,7 +68,7 @@ fn crossing_loss(out: &Path, breakdown: &serde_json::Value) -> usize {
         .iter()
         .map(|s| (s[0].as_u64().unwrap(), s[1].as_u64().unwrap()))
         .collect();
-    let file = BufReader::new(fs::File::open(out.join("requests.csv")).unwrap());
+    let file = fs::File::open(out.join("requests.csv")).unwrap();
     let traced = accuracy::read_traced_csv(file).unwrap();
     traced
         .iter()

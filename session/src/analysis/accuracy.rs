@@ -7,16 +7,17 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::Read;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use super::dist::{Dist, DistUs};
+use crate::requests::IncompleteRow;
 
 /// One row of loadgen's per-request CSV.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 pub struct ClientRow {
     pub request_id: u64,
     pub sent_ns: u64,
@@ -26,7 +27,7 @@ pub struct ClientRow {
 }
 
 /// What the join needs of one complete request in the tracer's `requests.csv`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 pub struct TracedRow {
     pub request_id: u64,
     pub status: u16,
@@ -34,107 +35,51 @@ pub struct TracedRow {
     pub t_done_ns: u64,
 }
 
-/// A CSV with a header line: each data line as a map from the wanted columns to fields.
-fn read_columns<const N: usize>(
-    input: impl BufRead,
-    what: &str,
-    wanted: [&str; N],
-    mut row: impl FnMut(usize, [&str; N]) -> Result<()>,
-) -> Result<()> {
-    let mut lines = input.lines();
-    let header = lines
-        .next()
-        .with_context(|| format!("{what}: empty file"))?
-        .with_context(|| format!("reading {what}"))?;
-    let names: Vec<&str> = header.split(',').collect();
-    let mut index = [0; N];
-    for (slot, name) in index.iter_mut().zip(wanted) {
-        *slot = names
-            .iter()
-            .position(|n| *n == name)
-            .with_context(|| format!("{what}: no `{name}` column in header {header:?}"))?;
+/// The rows of a CSV with a header line, by column name (other columns are ignored); `what`
+/// names the file in errors, which say the line.
+fn read_rows<T: DeserializeOwned>(input: impl Read, what: &str) -> Result<Vec<T>> {
+    let mut reader = csv::Reader::from_reader(input);
+    let header = reader
+        .headers()
+        .with_context(|| format!("reading {what}"))?
+        .clone();
+    if header.is_empty() {
+        bail!("{what}: empty file");
     }
-    for (n, line) in lines.enumerate() {
-        let line = line.with_context(|| format!("reading {what}"))?;
-        if line.is_empty() {
-            continue;
-        }
-        let fields: Vec<&str> = line.split(',').collect();
-        if fields.len() != names.len() {
-            bail!(
-                "{what} line {}: {} fields, the header has {}",
-                n + 2,
-                fields.len(),
-                names.len()
-            );
-        }
-        row(n + 2, index.map(|i| fields[i]))?;
-    }
-    Ok(())
-}
-
-fn num<T: std::str::FromStr>(what: &str, line: usize, field: &str) -> Result<T> {
-    field
-        .parse()
-        .map_err(|_| anyhow::anyhow!("{what} line {line}: {field:?} is not a number"))
+    reader
+        .deserialize()
+        .map(|row| {
+            row.map_err(|e| {
+                // csv names a bad field by its index only.
+                let column = match e.kind() {
+                    csv::ErrorKind::Deserialize { err, .. } => {
+                        err.field().and_then(|i| header.get(i as usize))
+                    }
+                    _ => None,
+                };
+                let context = match column {
+                    Some(column) => format!("reading {what}, column {column}"),
+                    None => format!("reading {what}"),
+                };
+                anyhow::Error::new(e).context(context)
+            })
+        })
+        .collect()
 }
 
 /// loadgen `--requests-out`: request_id, scheduled_ns, sent_ns, received_ns, status, ...
-pub fn read_client_csv(input: impl BufRead) -> Result<Vec<ClientRow>> {
-    let what = "loadgen requests CSV";
-    let mut rows = Vec::new();
-    read_columns(
-        input,
-        what,
-        ["request_id", "sent_ns", "received_ns", "status"],
-        |line, [id, sent, received, status]| {
-            rows.push(ClientRow {
-                request_id: num(what, line, id)?,
-                sent_ns: num(what, line, sent)?,
-                received_ns: num(what, line, received)?,
-                status: num(what, line, status)?,
-            });
-            Ok(())
-        },
-    )?;
-    Ok(rows)
+pub fn read_client_csv(input: impl Read) -> Result<Vec<ClientRow>> {
+    read_rows(input, "loadgen requests CSV")
 }
 
 /// The tracer's `requests.csv`.
-pub fn read_traced_csv(input: impl BufRead) -> Result<Vec<TracedRow>> {
-    let what = "tracer requests.csv";
-    let mut rows = Vec::new();
-    read_columns(
-        input,
-        what,
-        ["request_id", "status", "t_arrive_ns", "t_done_ns"],
-        |line, [id, status, arrive, done]| {
-            rows.push(TracedRow {
-                request_id: num(what, line, id)?,
-                status: num(what, line, status)?,
-                t_arrive_ns: num(what, line, arrive)?,
-                t_done_ns: num(what, line, done)?,
-            });
-            Ok(())
-        },
-    )?;
-    Ok(rows)
+pub fn read_traced_csv(input: impl Read) -> Result<Vec<TracedRow>> {
+    read_rows(input, "tracer requests.csv")
 }
 
-/// The tracer's `incomplete.csv`: request id → reason.
-pub fn read_incomplete_csv(input: impl BufRead) -> Result<Vec<(u64, String)>> {
-    let what = "tracer incomplete.csv";
-    let mut rows = Vec::new();
-    read_columns(
-        input,
-        what,
-        ["request_id", "reason"],
-        |line, [id, reason]| {
-            rows.push((num(what, line, id)?, reason.to_owned()));
-            Ok(())
-        },
-    )?;
-    Ok(rows)
+/// The tracer's `incomplete.csv`.
+pub fn read_incomplete_csv(input: impl Read) -> Result<Vec<IncompleteRow>> {
+    read_rows(input, "tracer incomplete.csv")
 }
 
 /// How many offending request ids to keep as examples.
@@ -183,12 +128,12 @@ fn keep(ids: &mut Vec<u64>, id: u64) {
 }
 
 /// Joins by request id. Output order never depends on hashing: counts and sorted examples.
-pub fn join(client: &[ClientRow], traced: &[TracedRow], incomplete: &[(u64, String)]) -> Accuracy {
+pub fn join(client: &[ClientRow], traced: &[TracedRow], incomplete: &[IncompleteRow]) -> Accuracy {
     let mut acc = Accuracy::default();
     let traced_by_id: HashMap<u64, &TracedRow> = traced.iter().map(|r| (r.request_id, r)).collect();
     let incomplete_by_id: HashMap<u64, &str> = incomplete
         .iter()
-        .map(|(id, reason)| (*id, reason.as_str()))
+        .map(|row| (row.request_id, row.reason.as_str()))
         .collect();
     let mut answered: Vec<&ClientRow> = Vec::with_capacity(client.len());
     let mut gaps = Vec::with_capacity(traced.len());
@@ -242,10 +187,8 @@ pub fn join(client: &[ClientRow], traced: &[TracedRow], incomplete: &[(u64, Stri
     acc
 }
 
-fn open(path: &Path) -> Result<BufReader<File>> {
-    Ok(BufReader::new(
-        File::open(path).with_context(|| format!("opening {}", path.display()))?,
-    ))
+fn open(path: &Path) -> Result<File> {
+    File::open(path).with_context(|| format!("opening {}", path.display()))
 }
 
 /// [`join`] of loadgen's `--requests-out` CSV with a session's requests.csv and incomplete.csv.
@@ -278,6 +221,13 @@ mod tests {
         }
     }
 
+    fn incomplete(id: u64, reason: &str) -> IncompleteRow {
+        IncompleteRow {
+            request_id: id,
+            reason: reason.to_owned(),
+        }
+    }
+
     #[test]
     fn reads_both_csvs_by_column_name() {
         let c = "request_id,scheduled_ns,sent_ns,received_ns,status,error,warmup\n\
@@ -295,18 +245,21 @@ mod tests {
         let i = "request_id,reason\n9,events lost\n";
         assert_eq!(
             read_incomplete_csv(i.as_bytes()).unwrap(),
-            vec![(9, "events lost".to_owned())]
+            vec![incomplete(9, "events lost")]
         );
     }
 
     #[test]
     fn bad_csvs_say_where() {
         let missing = "request_id,sent_ns,status\n1,2,200\n";
-        let err = read_client_csv(missing.as_bytes()).unwrap_err().to_string();
+        let err = format!("{:#}", read_client_csv(missing.as_bytes()).unwrap_err());
         assert!(err.contains("received_ns"), "{err}");
         let garbled = "request_id,sent_ns,received_ns,status\n1,2,x,200\n";
-        let err = read_client_csv(garbled.as_bytes()).unwrap_err().to_string();
-        assert!(err.contains("line 2") && err.contains("\"x\""), "{err}");
+        let err = format!("{:#}", read_client_csv(garbled.as_bytes()).unwrap_err());
+        assert!(
+            err.contains("line: 2") && err.contains("received_ns"),
+            "{err}"
+        );
         let short = "request_id,sent_ns,received_ns,status\n1,2\n";
         assert!(read_client_csv(short.as_bytes()).is_err());
         assert!(read_traced_csv(&b""[..]).is_err());
@@ -323,8 +276,7 @@ mod tests {
             client(6, 100, 1_000, 200), // not seen at all
         ];
         let traced_rows = [traced(1, 150, 900), traced(2, 50, 1_100), traced(99, 1, 2)];
-        let incomplete = [(3, "events lost".to_owned())];
-        let acc = join(&clients, &traced_rows, &incomplete);
+        let acc = join(&clients, &traced_rows, &[incomplete(3, "events lost")]);
         assert_eq!(acc.matched, 2);
         let gap = acc.client_minus_tracer;
         assert_eq!((gap.min_us, gap.max_us), (-0.15, 0.15));
