@@ -46,7 +46,7 @@ pub struct Args {
 
 const PACKAGES: [&str; 2] = ["qemu-system-x86", "busybox-static"];
 const BUSYBOX: &str = "/bin/busybox";
-/// TCG emulates each vCPU on a host thread; 2 matches the tests' CPU 0 / CPU 1 pinning.
+/// 2 matches the tests' CPU 0 / CPU 1 pinning (one host thread emulates both: `qemu.rs`).
 const GUEST_CPUS: u32 = 2;
 const GUEST_MIB: u32 = 2048;
 
