@@ -3,7 +3,7 @@
 //!
 //! An exchange is `[arrive, done)`: `arrive` the kernel's data-ready for its first request
 //! byte, `done` the enter of the send that completes its response. `[S, A)` is `upstream`: S
-//! the enter of its first upstream send, A the data-ready of the upstream response. The two
+//! the enter of its last upstream send, A the data-ready of the upstream response. The two
 //! intervals left, `[arrive, S)` and `[A, done)`, are walked from one of the exchange's own
 //! syscalls to the next; each gap before a syscall is charged by the state of the thread that
 //! makes that syscall:
@@ -35,7 +35,7 @@ pub(crate) struct Io {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Milestones {
     pub arrive: u64,
-    /// S: the enter of the first upstream send.
+    /// S: the enter of the upstream send that completes the request (its last).
     pub upstream_send: u64,
     /// A: the upstream response's arrival.
     pub upstream_reply: u64,

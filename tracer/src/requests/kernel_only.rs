@@ -310,21 +310,28 @@ impl KernelOnlyRebuilder {
                 request.enter_ns
             }
         };
-        let (upstream_send, upstream_reply) =
-            match (first(Role::UpstreamRequest), first(Role::UpstreamResponse)) {
-                (Some(send), Some(reply)) => {
-                    let reply_at = match self.ready_of(reply.seq) {
-                        Some(t) if t >= send.enter_ns && t <= reply.exit_ns => t,
-                        _ => {
-                            self.stats.arrival_from_syscall += 1;
-                            reply.enter_ns.max(send.enter_ns)
-                        }
-                    };
-                    (send.enter_ns, reply_at)
-                }
-                (None, None) => (done, done),
-                _ => return Err("upstream request or response not seen"),
-            };
+        // The upstream can answer only once it has the whole request: its last send. Go's
+        // transport flushes the headers before copying a streamed body, and the gap between
+        // the two writes is the proxy's own time, not the upstream's.
+        let last_send = ex
+            .syscalls
+            .iter()
+            .filter(|s| s.role == Role::UpstreamRequest)
+            .max_by_key(|s| s.seq);
+        let (upstream_send, upstream_reply) = match (last_send, first(Role::UpstreamResponse)) {
+            (Some(send), Some(reply)) => {
+                let reply_at = match self.ready_of(reply.seq) {
+                    Some(t) if t >= send.enter_ns && t <= reply.exit_ns => t,
+                    _ => {
+                        self.stats.arrival_from_syscall += 1;
+                        reply.enter_ns.max(send.enter_ns)
+                    }
+                };
+                (send.enter_ns, reply_at)
+            }
+            (None, None) => (done, done),
+            _ => return Err("upstream request or response not seen"),
+        };
         if self.losses.iter().any(|&span| overlaps(span, arrive, done)) {
             return Err("events lost");
         }
@@ -537,6 +544,30 @@ mod tests {
         assert_eq!(req.part_ns(Part::OnCpu), 220);
         assert_eq!(req.parts.iter().sum::<u64>(), req.total_ns());
         assert_eq!(r.stats().arrival_from_syscall, 0);
+    }
+
+    /// Go's transport writes the headers, then the streamed body: the upstream has the request
+    /// at the second write, and the gap before it is the proxy's.
+    #[test]
+    fn upstream_starts_at_the_send_that_completes_the_request() {
+        let upstream = REQUEST.replace("Host: x", "Host: up");
+        let (head, body) = upstream.split_at(upstream.len() - 2);
+        let mut stream = event_loop();
+        let at = stream
+            .iter()
+            .position(|i| matches!(i, In::Data(d) if d.fd == 6))
+            .unwrap();
+        stream[at] = In::Data(data(1_190, 1_210, 6, syscall::WRITE, head));
+        stream.insert(
+            at + 1,
+            In::Data(data(1_250, 1_270, 6, syscall::WRITE, body)),
+        );
+        let (out, _) = rebuild(stream);
+        let [req] = complete(&out)[..] else {
+            panic!("{out:?}");
+        };
+        assert_eq!(req.part_ns(Part::Upstream), 6_200 - 1_250);
+        assert_eq!(req.parts.iter().sum::<u64>(), req.total_ns());
     }
 
     #[test]
