@@ -187,6 +187,7 @@ fn session(
         direct_median: median(
             direct
                 .iter()
+                .filter(|r| r["status"] == "200")
                 .map(|r| num(r, "received_ns") - num(r, "sent_ns"))
                 .collect(),
         ),
