@@ -289,19 +289,11 @@ impl KernelOnlyRebuilder {
 
     /// The exchange's milestones and parts.
     fn record(&mut self, ex: &http::Request, id: u64) -> Result<RequestRecord, &'static str> {
-        let first = |role: Role| {
-            ex.syscalls
-                .iter()
-                .filter(|s| s.role == role)
-                .min_by_key(|s| s.seq)
-        };
+        let of_role = |role: Role| ex.syscalls.iter().filter(move |s| s.role == role);
+        let first = |role: Role| of_role(role).min_by_key(|s| s.seq);
+        let last = |role: Role| of_role(role).max_by_key(|s| s.seq);
         let request = first(Role::ClientRequest).ok_or("request read not seen")?;
-        let response = ex
-            .syscalls
-            .iter()
-            .filter(|s| s.role == Role::ClientResponse)
-            .max_by_key(|s| s.seq)
-            .ok_or("response not seen")?;
+        let response = last(Role::ClientResponse).ok_or("response not seen")?;
         let done = response.enter_ns;
         let arrive = match self.ready_of(request.seq) {
             Some(t) if t <= request.exit_ns => t,
@@ -313,25 +305,21 @@ impl KernelOnlyRebuilder {
         // The upstream can answer only once it has the whole request: its last send. Go's
         // transport flushes the headers before copying a streamed body, and the gap between
         // the two writes is the proxy's own time, not the upstream's.
-        let last_send = ex
-            .syscalls
-            .iter()
-            .filter(|s| s.role == Role::UpstreamRequest)
-            .max_by_key(|s| s.seq);
-        let (upstream_send, upstream_reply) = match (last_send, first(Role::UpstreamResponse)) {
-            (Some(send), Some(reply)) => {
-                let reply_at = match self.ready_of(reply.seq) {
-                    Some(t) if t >= send.enter_ns && t <= reply.exit_ns => t,
-                    _ => {
-                        self.stats.arrival_from_syscall += 1;
-                        reply.enter_ns.max(send.enter_ns)
-                    }
-                };
-                (send.enter_ns, reply_at)
-            }
-            (None, None) => (done, done),
-            _ => return Err("upstream request or response not seen"),
-        };
+        let (upstream_send, upstream_reply) =
+            match (last(Role::UpstreamRequest), first(Role::UpstreamResponse)) {
+                (Some(send), Some(reply)) => {
+                    let reply_at = match self.ready_of(reply.seq) {
+                        Some(t) if t >= send.enter_ns && t <= reply.exit_ns => t,
+                        _ => {
+                            self.stats.arrival_from_syscall += 1;
+                            reply.enter_ns.max(send.enter_ns)
+                        }
+                    };
+                    (send.enter_ns, reply_at)
+                }
+                (None, None) => (done, done),
+                _ => return Err("upstream request or response not seen"),
+            };
         if self.losses.iter().any(|&span| overlaps(span, arrive, done)) {
             return Err("events lost");
         }
