@@ -57,31 +57,25 @@ impl SchedKind {
     }
 }
 
+/// A kernel program and where it attaches.
 #[derive(Clone, Debug)]
-pub enum Hook {
+pub struct Hook {
+    pub program: String,
+    pub at: At,
+}
+
+#[derive(Clone, Debug)]
+pub enum At {
     Tracepoint {
-        program: String,
         category: &'static str,
         name: String,
     },
-    /// A raw tracepoint (by its name alone: `sched_switch`).
-    RawTracepoint {
-        program: String,
-        name: String,
-    },
-    /// A kprobe or kretprobe (the program's section says which).
-    Kprobe {
-        program: String,
-        function: String,
-    },
-    Fentry {
-        program: String,
-        function: String,
-    },
-    Fexit {
-        program: String,
-        function: String,
-    },
+    /// A raw tracepoint, by its name alone (`sched_switch`).
+    RawTracepoint(String),
+    /// A kprobe or kretprobe on this function (the program's section says which).
+    Kprobe(String),
+    Fentry(String),
+    Fexit(String),
 }
 
 /// An attached hook, to detach on its own (the calibration's arms).
@@ -94,99 +88,71 @@ pub enum Link {
 }
 
 impl Hook {
+    /// A tracepoint whose program is named after it.
     pub fn tracepoint(category: &'static str, name: &str) -> Hook {
-        Hook::Tracepoint {
-            program: name.to_owned(),
-            category,
-            name: name.to_owned(),
-        }
+        Hook::new(
+            name,
+            At::Tracepoint {
+                category,
+                name: name.to_owned(),
+            },
+        )
     }
 
-    pub fn program(&self) -> &str {
-        match self {
-            Hook::Tracepoint { program, .. }
-            | Hook::RawTracepoint { program, .. }
-            | Hook::Kprobe { program, .. }
-            | Hook::Fentry { program, .. }
-            | Hook::Fexit { program, .. } => program,
+    pub fn new(program: impl Into<String>, at: At) -> Hook {
+        Hook {
+            program: program.into(),
+            at,
         }
     }
 
     /// Loads the program unless already loaded, and attaches it. `btf` is needed by fentry
     /// and fexit only.
     pub fn attach(&self, ebpf: &mut Ebpf, btf: Option<&Btf>) -> anyhow::Result<Link> {
-        let program = program(ebpf, self.program())?;
+        let name = self.program.as_str();
         let btf = || btf.context("fentry needs the kernel's BTF");
-        Ok(match self {
-            Hook::Tracepoint { category, name, .. } => {
-                let tracepoint: &mut TracePoint = program.try_into()?;
-                if tracepoint.fd().is_err() {
-                    tracepoint
-                        .load()
-                        .with_context(|| format!("loading {name}"))?;
+        // Loads the program as `$ty` unless loaded, and attaches it: the link's id.
+        macro_rules! load_attach {
+            ($ty:ty, |$p:ident| $load:expr, $attach:expr, $to:expr) => {{
+                let $p: &mut $ty = typed(ebpf, name)?;
+                if $p.fd().is_err() {
+                    $load.with_context(|| format!("loading {name}"))?;
                 }
-                let id = tracepoint
-                    .attach(category, name)
-                    .with_context(|| format!("attaching tracepoint {category}:{name}"))?;
-                Link::Tracepoint(self.program().to_owned(), id)
-            }
-            Hook::RawTracepoint {
-                program: program_name,
-                name,
-            } => {
-                let raw: &mut RawTracePoint = program.try_into()?;
-                if raw.fd().is_err() {
-                    raw.load()
-                        .with_context(|| format!("loading {program_name}"))?;
-                }
-                let id = raw
-                    .attach(name)
-                    .with_context(|| format!("attaching raw tracepoint {name}"))?;
-                Link::RawTracepoint(program_name.clone(), id)
-            }
-            Hook::Kprobe {
-                program: name,
-                function,
-            } => {
-                let kprobe: &mut KProbe = program.try_into()?;
-                if kprobe.fd().is_err() {
-                    kprobe.load().with_context(|| format!("loading {name}"))?;
-                }
-                let id = kprobe
-                    .attach(function, 0)
-                    .with_context(|| format!("attaching {name} to {function}"))?;
-                Link::Kprobe(name.clone(), id)
-            }
-            Hook::Fentry {
-                program: name,
-                function,
-            } => {
-                let fentry: &mut FEntry = program.try_into()?;
-                if fentry.fd().is_err() {
-                    fentry
-                        .load(function, btf()?)
-                        .with_context(|| format!("loading {name} for {function}"))?;
-                }
-                let id = fentry
-                    .attach()
-                    .with_context(|| format!("attaching {name} to {function}"))?;
-                Link::Fentry(name.clone(), id)
-            }
-            Hook::Fexit {
-                program: name,
-                function,
-            } => {
-                let fexit: &mut FExit = program.try_into()?;
-                if fexit.fd().is_err() {
-                    fexit
-                        .load(function, btf()?)
-                        .with_context(|| format!("loading {name} for {function}"))?;
-                }
-                let id = fexit
-                    .attach()
-                    .with_context(|| format!("attaching {name} to {function}"))?;
-                Link::Fexit(name.clone(), id)
-            }
+                $attach.with_context(|| format!("attaching {name} to {}", $to))?
+            }};
+        }
+        let owned = || self.program.clone();
+        Ok(match &self.at {
+            At::Tracepoint { category, name: tp } => Link::Tracepoint(
+                owned(),
+                load_attach!(
+                    TracePoint,
+                    |p| p.load(),
+                    p.attach(category, tp),
+                    format!("tracepoint {category}:{tp}")
+                ),
+            ),
+            At::RawTracepoint(tp) => Link::RawTracepoint(
+                owned(),
+                load_attach!(
+                    RawTracePoint,
+                    |p| p.load(),
+                    p.attach(tp),
+                    format!("raw tracepoint {tp}")
+                ),
+            ),
+            At::Kprobe(f) => Link::Kprobe(
+                owned(),
+                load_attach!(KProbe, |p| p.load(), p.attach(f, 0), f),
+            ),
+            At::Fentry(f) => Link::Fentry(
+                owned(),
+                load_attach!(FEntry, |p| p.load(f, btf()?), p.attach(), f),
+            ),
+            At::Fexit(f) => Link::Fexit(
+                owned(),
+                load_attach!(FExit, |p| p.load(f, btf()?), p.attach(), f),
+            ),
         })
     }
 }
@@ -196,30 +162,25 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::pr
         .with_context(|| format!("{name} missing from the eBPF object"))
 }
 
+/// The program `name` as its type `T`.
+fn typed<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut T>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    Ok(program(ebpf, name)?.try_into()?)
+}
+
 impl Link {
     /// Takes the link out of its program, so that dropping the result detaches it.
     pub fn take(self, ebpf: &mut Ebpf) -> anyhow::Result<Box<dyn Send>> {
         Ok(match self {
-            Link::Tracepoint(name, id) => {
-                let p: &mut TracePoint = program(ebpf, &name)?.try_into()?;
-                Box::new(p.take_link(id)?)
+            Link::Tracepoint(n, id) => Box::new(typed::<TracePoint>(ebpf, &n)?.take_link(id)?),
+            Link::RawTracepoint(n, id) => {
+                Box::new(typed::<RawTracePoint>(ebpf, &n)?.take_link(id)?)
             }
-            Link::RawTracepoint(name, id) => {
-                let p: &mut RawTracePoint = program(ebpf, &name)?.try_into()?;
-                Box::new(p.take_link(id)?)
-            }
-            Link::Kprobe(name, id) => {
-                let p: &mut KProbe = program(ebpf, &name)?.try_into()?;
-                Box::new(p.take_link(id)?)
-            }
-            Link::Fentry(name, id) => {
-                let p: &mut FEntry = program(ebpf, &name)?.try_into()?;
-                Box::new(p.take_link(id)?)
-            }
-            Link::Fexit(name, id) => {
-                let p: &mut FExit = program(ebpf, &name)?.try_into()?;
-                Box::new(p.take_link(id)?)
-            }
+            Link::Kprobe(n, id) => Box::new(typed::<KProbe>(ebpf, &n)?.take_link(id)?),
+            Link::Fentry(n, id) => Box::new(typed::<FEntry>(ebpf, &n)?.take_link(id)?),
+            Link::Fexit(n, id) => Box::new(typed::<FExit>(ebpf, &n)?.take_link(id)?),
         })
     }
 }

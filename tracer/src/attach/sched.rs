@@ -11,7 +11,7 @@ use tracer_ebpf::{
 
 use super::{
     btf::Btf,
-    hooks::{Hook, Link, SchedKind},
+    hooks::{At, Hook, Link, SchedKind},
     tracefs,
 };
 
@@ -121,10 +121,9 @@ fn fork_program() -> anyhow::Result<&'static str> {
 /// The hook of tracepoint `name` (a `sched:*` one but fork) in `kind`'s variant.
 pub fn hook(kind: SchedKind, name: &str) -> Hook {
     match kind {
-        SchedKind::RawTracepoint => Hook::RawTracepoint {
-            program: format!("raw_{name}"),
-            name: name.to_owned(),
-        },
+        SchedKind::RawTracepoint => {
+            Hook::new(format!("raw_{name}"), At::RawTracepoint(name.into()))
+        }
         SchedKind::Tracepoint => Hook::tracepoint("sched", name),
     }
 }
@@ -134,11 +133,13 @@ pub fn hook(kind: SchedKind, name: &str) -> Hook {
 pub fn attach_fork(ebpf: &mut Ebpf, kind: SchedKind) -> anyhow::Result<Link> {
     let hook = match kind {
         SchedKind::RawTracepoint => hook(kind, FORK),
-        SchedKind::Tracepoint => Hook::Tracepoint {
-            program: fork_program()?.to_owned(),
-            category: "sched",
-            name: FORK.to_owned(),
-        },
+        SchedKind::Tracepoint => Hook::new(
+            fork_program()?,
+            At::Tracepoint {
+                category: "sched",
+                name: FORK.to_owned(),
+            },
+        ),
     };
     hook.attach(ebpf, None)
 }

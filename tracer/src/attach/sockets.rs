@@ -8,7 +8,7 @@ use tracer_ebpf::tracepoints::{SET_STATE_LAYOUT, SOCK_IO_FUNCTIONS, SOCK_IO_LAYO
 
 use super::{
     btf,
-    hooks::{Hook, Kind},
+    hooks::{At, Hook, Kind},
     tracefs,
 };
 
@@ -48,14 +48,8 @@ pub fn io_hooks(kind: Kind) -> [Hook; 3] {
         let function = SOCK_IO_FUNCTIONS[i].to_owned();
         match kind {
             Kind::Tracepoint => Hook::tracepoint("sock", SOCK_IO_LAYOUTS[i].name),
-            Kind::Kprobe => Hook::Kprobe {
-                program: format!("kprobe_{function}"),
-                function,
-            },
-            Kind::Fentry => Hook::Fentry {
-                program: format!("fentry_{function}"),
-                function,
-            },
+            Kind::Kprobe => Hook::new(format!("kprobe_{function}"), At::Kprobe(function)),
+            Kind::Fentry => Hook::new(format!("fentry_{function}"), At::Fentry(function)),
         }
     })
 }

@@ -10,27 +10,15 @@ use aya::{Btf, Ebpf};
 use tracer_ebpf::tracepoints::{DATA_SYSCALL_BUFS, SYS_ENTER_FD, SYS_EXIT_RET, SYSCALLS};
 
 use super::{
-    hooks::{Hook, Kind, Link},
+    hooks::{At, Hook, Kind, Link},
     tracefs,
 };
 
 /// Checks every format file, so a layout mismatch is found before anything is attached.
 pub fn check_tracepoints() -> anyhow::Result<()> {
     for (name, _) in SYSCALLS {
-        let enter = format!("sys_enter_{name}");
-        let exit = format!("sys_exit_{name}");
-        tracefs::check_fields(
-            &tracefs::read_format("syscalls", &enter)?,
-            "syscalls",
-            &enter,
-            &[SYS_ENTER_FD],
-        )?;
-        tracefs::check_fields(
-            &tracefs::read_format("syscalls", &exit)?,
-            "syscalls",
-            &exit,
-            &[SYS_EXIT_RET],
-        )?;
+        tracefs::check("syscalls", &format!("sys_enter_{name}"), &[SYS_ENTER_FD])?;
+        tracefs::check("syscalls", &format!("sys_exit_{name}"), &[SYS_EXIT_RET])?;
     }
     Ok(())
 }
@@ -39,13 +27,7 @@ pub fn check_tracepoints() -> anyhow::Result<()> {
 /// read it.
 pub fn check_data_tracepoints() -> anyhow::Result<()> {
     for (name, buf) in DATA_SYSCALL_BUFS {
-        let enter = format!("sys_enter_{name}");
-        tracefs::check_fields(
-            &tracefs::read_format("syscalls", &enter)?,
-            "syscalls",
-            &enter,
-            &[buf],
-        )?;
+        tracefs::check("syscalls", &format!("sys_enter_{name}"), &[buf])?;
     }
     Ok(())
 }
@@ -59,24 +41,12 @@ pub fn hooks(kind: Kind, name: &str) -> [Hook; 2] {
             Hook::tracepoint("syscalls", &format!("sys_exit_{name}")),
         ],
         Kind::Kprobe => [
-            Hook::Kprobe {
-                program: format!("kprobe_sys_{name}"),
-                function: function.clone(),
-            },
-            Hook::Kprobe {
-                program: format!("kretprobe_sys_{name}"),
-                function,
-            },
+            Hook::new(format!("kprobe_sys_{name}"), At::Kprobe(function.clone())),
+            Hook::new(format!("kretprobe_sys_{name}"), At::Kprobe(function)),
         ],
         Kind::Fentry => [
-            Hook::Fentry {
-                program: format!("fentry_sys_{name}"),
-                function: function.clone(),
-            },
-            Hook::Fexit {
-                program: format!("fexit_sys_{name}"),
-                function,
-            },
+            Hook::new(format!("fentry_sys_{name}"), At::Fentry(function.clone())),
+            Hook::new(format!("fexit_sys_{name}"), At::Fexit(function)),
         ],
     }
 }

@@ -117,8 +117,13 @@ pub fn parse_format(text: &str) -> anyhow::Result<Format> {
 
 /// Fails, naming the field, if a tracepoint's layout is not what the kernel programs read.
 pub fn check_layout(layout: &Layout) -> anyhow::Result<Format> {
-    let format = read_format(layout.category, layout.name)?;
-    check_fields(&format, layout.category, layout.name, layout.fields)?;
+    check(layout.category, layout.name, layout.fields)
+}
+
+/// [`check_layout`] of a tracepoint named at run time.
+pub fn check(category: &str, name: &str, fields: &[Field]) -> anyhow::Result<Format> {
+    let format = read_format(category, name)?;
+    check_fields(&format, category, name, fields)?;
     Ok(format)
 }
 
