@@ -6,9 +6,7 @@ mod common;
 use common::loadgen;
 
 fn stderr_of(args: &[&str]) -> String {
-    let output = loadgen(args);
-    assert!(!output.status.success(), "loadgen {args:?} should fail");
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    testproc::failed_stderr(&loadgen(args))
 }
 
 #[test]

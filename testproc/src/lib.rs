@@ -198,6 +198,16 @@ impl Spawn {
 }
 
 /// `0`, `2-3`, `0,2-3` as a CPU set.
+/// The stderr of a command that had to fail; panics, quoting it, when it succeeded.
+pub fn failed_stderr(output: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        !output.status.success(),
+        "succeeded where it had to fail:\n{stderr}"
+    );
+    stderr
+}
+
 pub fn parse_cpu_list(list: &str) -> anyhow::Result<CpuSet> {
     let mut set = CpuSet::new();
     for part in list.split(',') {

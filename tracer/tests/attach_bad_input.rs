@@ -9,9 +9,7 @@ use std::process::Command;
 use attach_common::{is_root, require_root, run_tracer, tracer};
 
 fn stderr_of(args: &[&str]) -> String {
-    let output = run_tracer(args);
-    assert!(!output.status.success(), "tracer {args:?} should fail");
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    testproc::failed_stderr(&run_tracer(args))
 }
 
 #[test]
@@ -56,8 +54,7 @@ fn binary_without_probe_sites_or_a_port_is_refused_naming_the_sites() {
         &dir.path().join("out").to_string_lossy(),
     ]);
     drop(sleep);
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(!output.status.success(), "{stderr}");
+    let stderr = testproc::failed_stderr(&output);
     assert!(
         stderr.contains(&format!("kernel-only mode (pid {pid} runs ")),
         "{stderr}"
@@ -120,8 +117,7 @@ fn without_privileges_it_names_what_it_needs() {
             return;
         }
     };
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = testproc::failed_stderr(&output);
     for needed in ["root", "CAP_BPF", "CAP_PERFMON", "CAP_SYS_PTRACE", "sudo"] {
         assert!(stderr.contains(needed), "{needed} not named:\n{stderr}");
     }
@@ -144,8 +140,7 @@ fn item2_tracer_in_a_child_pid_namespace_refuses() {
         .arg(out.path())
         .output()
         .expect("running unshare (util-linux)");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "{stderr}");
+    let stderr = testproc::failed_stderr(&output);
     assert!(
         stderr.contains("PID namespace other than the initial one"),
         "{stderr}"

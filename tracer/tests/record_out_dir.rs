@@ -30,9 +30,7 @@ fn item1_a_link_planted_at_requests_csv_is_never_followed() {
     let me = std::env::current_exe().unwrap();
     let fixture = spawn_fixture(&me, 600.0);
     let args = record_args(fixture.pid(), &out, &["--no-calibrate", "--duration", "1"]);
-    let refused = run_tracer(&args);
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success(), "{stderr}");
+    let stderr = testproc::failed_stderr(&run_tracer(&args));
     assert!(
         stderr.contains("is not empty") && stderr.contains("--overwrite"),
         "{stderr}"
