@@ -32,6 +32,16 @@ fn parse<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> T {
         .unwrap_or_else(|e| panic!("{}/{name}: {e}", dir.display()))
 }
 
+/// Fails unless `value`, written back as the writers write it, is `name`'s text to the byte.
+fn assert_written_back<T: serde::Serialize>(dir: &Path, name: &str, value: &T, text: &str) {
+    let back = serde_json::to_string_pretty(value).unwrap() + "\n";
+    assert!(
+        back == text,
+        "{}: {name} written back differs",
+        dir.display()
+    );
+}
+
 #[test]
 fn breakdown_json_round_trips_byte_for_byte() {
     for dir in sessions() {
@@ -51,12 +61,7 @@ fn loadgen_json_round_trips_and_find_max_parses() {
     for dir in sessions() {
         let text = read(&dir, session::loadgen::LOADGEN_JSON);
         let summary: Summary = parse(&dir, session::loadgen::LOADGEN_JSON);
-        let back = serde_json::to_string_pretty(&summary).unwrap() + "\n";
-        assert!(
-            back == text,
-            "{}: loadgen.json written back differs",
-            dir.display()
-        );
+        assert_written_back(&dir, session::loadgen::LOADGEN_JSON, &summary, &text);
         // A session given its max with --max-rate searched none (profile.json says so).
         if dir.join(session::loadgen::FIND_MAX_JSON).exists() {
             let find_max: FindMax = parse(&dir, session::loadgen::FIND_MAX_JSON);
@@ -80,12 +85,7 @@ fn pictures_and_probe_effect_parse() {
         // The tracer writes every key since 2026-12-02 (hardened): those files come back whole.
         let text = read(&dir, session::pictures::FILE);
         if text.contains("\"wait_all_of\"") {
-            let back = serde_json::to_string_pretty(&pictures).unwrap() + "\n";
-            assert!(
-                back == text,
-                "{}: pictures.json written back differs",
-                dir.display()
-            );
+            assert_written_back(&dir, session::pictures::FILE, &pictures, &text);
         }
         if dir.join(session::effect::FILE).is_file() {
             let effect: ProbeEffect = parse(&dir, session::effect::FILE);
