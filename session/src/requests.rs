@@ -33,7 +33,7 @@ pub const PARTS: [&str; 19] = [
 ];
 
 /// One complete request; times in ns.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RequestRow {
     pub request_id: u64,
@@ -93,80 +93,43 @@ impl RequestRow {
         .collect()
     }
 
-    /// A row from the request's fixed figures and its parts in [`PARTS`] order.
-    pub fn new(fixed: Fixed, parts: [u64; PARTS.len()]) -> Self {
-        let [
-            upstream_ns,
-            scheduling_ns,
-            ledger_fsync_ns,
-            signing_ns,
-            ledger_other_ns,
-            cpu_ns,
-            cpu_parse_ns,
-            cpu_auth_ns,
-            cpu_scope_ns,
-            cpu_ratelimit_ns,
-            cpu_registry_ns,
-            cpu_vault_ns,
-            cpu_upstream_ns,
-            cpu_receipt_ns,
-            cpu_respond_ns,
-            queued_ns,
-            blocked_fsync_ns,
-            blocked_other_ns,
-            unattributed_ns,
-        ] = parts;
-        RequestRow {
-            request_id: fixed.request_id,
-            status: fixed.status,
-            t_arrive_ns: fixed.t_arrive_ns,
-            t_done_ns: fixed.t_done_ns,
-            total_ns: fixed.total_ns,
-            overhead_ns: fixed.overhead_ns,
-            upstream_ns,
-            scheduling_ns,
-            ledger_fsync_ns,
-            signing_ns,
-            ledger_other_ns,
-            cpu_ns: Some(cpu_ns),
-            cpu_parse_ns,
-            cpu_auth_ns,
-            cpu_scope_ns,
-            cpu_ratelimit_ns,
-            cpu_registry_ns,
-            cpu_vault_ns,
-            cpu_upstream_ns,
-            cpu_receipt_ns,
-            cpu_respond_ns,
-            queued_ns: Some(queued_ns),
-            blocked_fsync_ns: Some(blocked_fsync_ns),
-            blocked_other_ns,
-            unattributed_ns,
+    /// The row with its parts set from [`PARTS`] order.
+    pub fn with_parts(mut self, parts: [u64; PARTS.len()]) -> Self {
+        for (field, value) in self.parts_mut().into_iter().zip(parts) {
+            *field = value;
         }
+        self
     }
 
     /// The parts in [`PARTS`] order (`cpu` 0 in a session that lacks it).
     pub fn parts(&self) -> [u64; PARTS.len()] {
+        let mut row = *self;
+        row.parts_mut().map(|part| *part)
+    }
+
+    /// The part columns in [`PARTS`] order: the one list of them. A part an older session
+    /// lacks becomes 0.
+    fn parts_mut(&mut self) -> [&mut u64; PARTS.len()] {
         [
-            self.upstream_ns,
-            self.scheduling_ns,
-            self.ledger_fsync_ns,
-            self.signing_ns,
-            self.ledger_other_ns,
-            self.cpu_ns.unwrap_or(0),
-            self.cpu_parse_ns,
-            self.cpu_auth_ns,
-            self.cpu_scope_ns,
-            self.cpu_ratelimit_ns,
-            self.cpu_registry_ns,
-            self.cpu_vault_ns,
-            self.cpu_upstream_ns,
-            self.cpu_receipt_ns,
-            self.cpu_respond_ns,
-            self.queued_ns.unwrap_or(0),
-            self.blocked_fsync_ns.unwrap_or(0),
-            self.blocked_other_ns,
-            self.unattributed_ns,
+            &mut self.upstream_ns,
+            &mut self.scheduling_ns,
+            &mut self.ledger_fsync_ns,
+            &mut self.signing_ns,
+            &mut self.ledger_other_ns,
+            self.cpu_ns.get_or_insert(0),
+            &mut self.cpu_parse_ns,
+            &mut self.cpu_auth_ns,
+            &mut self.cpu_scope_ns,
+            &mut self.cpu_ratelimit_ns,
+            &mut self.cpu_registry_ns,
+            &mut self.cpu_vault_ns,
+            &mut self.cpu_upstream_ns,
+            &mut self.cpu_receipt_ns,
+            &mut self.cpu_respond_ns,
+            self.queued_ns.get_or_insert(0),
+            self.blocked_fsync_ns.get_or_insert(0),
+            &mut self.blocked_other_ns,
+            &mut self.unattributed_ns,
         ]
     }
 
@@ -174,17 +137,6 @@ impl RequestRow {
     pub fn non_fsync_ns(&self) -> u64 {
         self.overhead_ns.saturating_sub(self.ledger_fsync_ns)
     }
-}
-
-/// A row's figures before its parts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Fixed {
-    pub request_id: u64,
-    pub status: u16,
-    pub t_arrive_ns: u64,
-    pub t_done_ns: u64,
-    pub total_ns: u64,
-    pub overhead_ns: u64,
 }
 
 /// A request counted but not attributed.
@@ -224,16 +176,16 @@ mod tests {
     use super::*;
 
     fn row() -> RequestRow {
-        let fixed = Fixed {
+        RequestRow {
             request_id: 7,
             status: 200,
             t_arrive_ns: 1_000,
             t_done_ns: 6_000,
             total_ns: 5_000,
             overhead_ns: 4_000,
-        };
-        let parts = std::array::from_fn(|i| i as u64 * 10);
-        RequestRow::new(fixed, parts)
+            ..RequestRow::default()
+        }
+        .with_parts(std::array::from_fn(|i| i as u64 * 10))
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 
 use anyhow::{Context, Result};
-use session::requests::{Fixed, IncompleteRow, RequestRow, rows};
+use session::requests::{IncompleteRow, RequestRow, rows};
 
 use crate::requests::RequestRecord;
 
@@ -17,15 +17,16 @@ pub(crate) fn incomplete_writer<W: Write>(out: W) -> csv::Result<csv::Writer<W>>
 }
 
 pub(crate) fn row(r: &RequestRecord) -> RequestRow {
-    let fixed = Fixed {
+    RequestRow {
         request_id: r.req_id,
         status: r.status,
         t_arrive_ns: r.t_arrive_ns,
         t_done_ns: r.t_done_ns,
         total_ns: r.total_ns(),
         overhead_ns: r.overhead_ns(),
-    };
-    RequestRow::new(fixed, r.parts)
+        ..RequestRow::default()
+    }
+    .with_parts(r.parts)
 }
 
 pub(crate) fn incomplete(req_id: u64, reason: &str) -> IncompleteRow {
