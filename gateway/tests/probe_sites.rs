@@ -9,6 +9,7 @@ use std::process::Command;
 
 use common::{GATEWAY, symbol};
 use object::{Object, ObjectSection, ObjectSymbol};
+use testproc::stdout_of;
 use tracer_ebpf::sites::{NOP5, Site, USDT_ARGS, USDT_PROVIDER};
 
 #[test]
@@ -112,19 +113,6 @@ fn readelf_notes() -> Vec<Note> {
     }
     notes.retain(|note| note.provider == USDT_PROVIDER);
     notes
-}
-
-/// What `command` printed; it must succeed.
-fn stdout_of(command: &mut Command) -> String {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("running {command:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{command:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8 output")
 }
 
 fn is_root() -> bool {

@@ -4,15 +4,6 @@ mod common;
 
 use common::{MockUpstream, loadgen, read_json, run_direct};
 
-fn assert_success(output: &std::process::Output) {
-    assert!(
-        output.status.success(),
-        "loadgen failed: {}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 #[test]
 fn open_loop_achieves_the_target_rate_and_logs_every_request() {
     let upstream = MockUpstream::start();
@@ -92,7 +83,7 @@ fn find_max_reports_a_rate_and_its_steps() {
     let upstream = MockUpstream::start();
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("max.json");
-    let output = loadgen(&[
+    testproc::succeeded_stdout(loadgen(&[
         "--url",
         &upstream.url,
         "--direct",
@@ -105,8 +96,7 @@ fn find_max_reports_a_rate_and_its_steps() {
         "4",
         "--out",
         json.to_str().unwrap(),
-    ]);
-    assert_success(&output);
+    ]));
     let result = read_json(&json);
     let steps = result["steps"].as_array().unwrap();
     assert!(!steps.is_empty() && steps.len() <= 3, "c1, c2, c4 at most");

@@ -198,6 +198,26 @@ impl Spawn {
 }
 
 /// `0`, `2-3`, `0,2-3` as a CPU set.
+/// What `command` printed to stdout; it had to succeed.
+pub fn stdout_of(command: &mut Command) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("running {command:?}: {e}"));
+    succeeded_stdout(output)
+}
+
+/// The stdout of a command that had to succeed; panics, quoting its status and stderr, when it
+/// failed.
+pub fn succeeded_stdout(output: std::process::Output) -> String {
+    assert!(
+        output.status.success(),
+        "failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// The stderr of a command that had to fail; panics, quoting it, when it succeeded.
 pub fn failed_stderr(output: &std::process::Output) -> String {
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();

@@ -91,13 +91,7 @@ pub fn run_direct(url: &str, args: &[&str]) -> (serde_json::Value, Vec<Row>) {
     all.extend_from_slice(args);
     all.extend(["--out", json.to_str().unwrap()]);
     all.extend(["--requests-out", csv.to_str().unwrap()]);
-    let output = loadgen(&all);
-    assert!(
-        output.status.success(),
-        "loadgen failed: {}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+    testproc::succeeded_stdout(loadgen(&all));
     (read_json(&json), read_csv(&csv))
 }
 

@@ -142,19 +142,14 @@ pub fn demo_gateway(
     cpu: &str,
 ) -> (Proc, String, String) {
     let db = dir.join("ledger.db");
-    let init = Command::new(gateway)
-        .arg("init")
-        .arg("--db")
-        .arg(&db)
-        .args(["--demo", "--upstream", upstream])
-        .output()
-        .unwrap();
-    assert!(
-        init.status.success(),
-        "gateway init: {}",
-        String::from_utf8_lossy(&init.stderr)
+    let init = testproc::stdout_of(
+        Command::new(gateway)
+            .arg("init")
+            .arg("--db")
+            .arg(&db)
+            .args(["--demo", "--upstream", upstream]),
     );
-    let key = String::from_utf8_lossy(&init.stdout)
+    let key = init
         .lines()
         .find_map(|line| line.trim().strip_prefix("api_key=").map(str::to_owned))
         .expect("gateway init printed no api_key=");
@@ -198,20 +193,15 @@ pub fn open_loop(
     (rate, seconds, connections): (u64, u64, &str),
     requests_out: &Path,
 ) {
-    let out = Command::new("taskset")
-        .args(["-c", cpu])
-        .arg(loadgen)
-        .args(target)
-        .args(["--rate", &rate.to_string()])
-        .args(["--duration", &seconds.to_string(), "--warmup", "0"])
-        .args(["--connections", connections, "--quiet", "--requests-out"])
-        .arg(requests_out)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "loadgen failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    testproc::stdout_of(
+        Command::new("taskset")
+            .args(["-c", cpu])
+            .arg(loadgen)
+            .args(target)
+            .args(["--rate", &rate.to_string()])
+            .args(["--duration", &seconds.to_string(), "--warmup", "0"])
+            .args(["--connections", connections, "--quiet", "--requests-out"])
+            .arg(requests_out),
     );
 }
 
