@@ -258,7 +258,10 @@ mod tests {
         Io { enter, exit, tid }
     }
 
-    fn parts(built: &Built) -> Vec<(&'static str, u64)> {
+    /// The exchange's parts above 0, by name; they sum to its time from arrival to done.
+    fn parts(m: &Milestones, ctx: &Ctx) -> Vec<(&'static str, u64)> {
+        let built = split(m, ctx).unwrap();
+        assert_eq!(built.parts.iter().sum::<u64>(), m.done - m.arrive);
         Part::ALL
             .iter()
             .filter(|p| built.parts[p.index()] > 0)
@@ -292,12 +295,10 @@ mod tests {
         ctx.threads.sched(330, 1, out(false));
         ctx.threads.sched(5_310, 1, SchedEv::Wakeup);
         ctx.threads.sched(5_320, 1, SchedEv::In);
-        let built = split(&event_loop(), &ctx).unwrap();
         assert_eq!(
-            parts(&built),
+            parts(&event_loop(), &ctx),
             [("upstream", 5_000), ("scheduling", 50), ("cpu", 350)]
         );
-        assert_eq!(built.parts.iter().sum::<u64>(), 5_400);
     }
 
     #[test]
@@ -306,9 +307,8 @@ mod tests {
         ctx.threads.sched(90, 1, SchedEv::In);
         // Between the reply (5300) and our read (5350), the loop answered another request.
         ctx.foreign.push((1, 5_305, 5_330));
-        let built = split(&event_loop(), &ctx).unwrap();
         assert_eq!(
-            parts(&built),
+            parts(&event_loop(), &ctx),
             [("upstream", 5_000), ("cpu", 370), ("queued", 30)]
         );
     }
@@ -323,9 +323,8 @@ mod tests {
         ctx.threads.sched(5_480, 1, SchedEv::Wakeup);
         ctx.threads.sched(5_490, 1, SchedEv::In);
         ctx.fsyncs.push((5_400, 5_450));
-        let built = split(&event_loop(), &ctx).unwrap();
         assert_eq!(
-            parts(&built),
+            parts(&event_loop(), &ctx),
             [
                 ("upstream", 5_000),
                 ("scheduling", 10),
@@ -334,7 +333,6 @@ mod tests {
                 ("blocked_other", 50),
             ]
         );
-        assert_eq!(built.parts.iter().sum::<u64>(), 5_400);
     }
 
     #[test]
@@ -349,9 +347,8 @@ mod tests {
         m.ios[1].tid = 2;
         m.ios[2].tid = 2;
         m.ios[3].tid = 2;
-        let built = split(&m, &ctx).unwrap();
         assert_eq!(
-            parts(&built),
+            parts(&m, &ctx),
             [
                 ("upstream", 5_000),
                 ("scheduling", 10),
@@ -366,9 +363,8 @@ mod tests {
         let ctx = Ctx::default();
         // No sched event at all: the syscalls prove thread 1 on CPU at each of its
         // gaps after a syscall, but the lead-in is unknown.
-        let built = split(&event_loop(), &ctx).unwrap();
         assert_eq!(
-            parts(&built),
+            parts(&event_loop(), &ctx),
             [("upstream", 5_000), ("cpu", 300), ("unattributed", 100)]
         );
     }

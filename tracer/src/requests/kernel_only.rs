@@ -507,6 +507,15 @@ mod tests {
         (out, r)
     }
 
+    /// The one complete request of `outcomes`; panics, quoting them, unless there is exactly
+    /// one.
+    fn only_complete(outcomes: &[Outcome]) -> &RequestRecord {
+        let [req] = complete(outcomes)[..] else {
+            panic!("{outcomes:?}");
+        };
+        req
+    }
+
     fn complete(outcomes: &[Outcome]) -> Vec<&RequestRecord> {
         outcomes
             .iter()
@@ -520,9 +529,7 @@ mod tests {
     #[test]
     fn an_event_loop_exchange_is_split_from_its_arrival_to_its_answer() {
         let (out, r) = rebuild(event_loop());
-        let [req] = complete(&out)[..] else {
-            panic!("{out:?}");
-        };
+        let req = only_complete(&out);
         assert_eq!(
             (req.req_id, req.status, req.t_arrive_ns, req.t_done_ns),
             (42, 200, 1_050, 6_300)
@@ -551,9 +558,7 @@ mod tests {
             In::Data(data(1_250, 1_270, 6, syscall::WRITE, body)),
         );
         let (out, _) = rebuild(stream);
-        let [req] = complete(&out)[..] else {
-            panic!("{out:?}");
-        };
+        let req = only_complete(&out);
         assert_eq!(req.part_ns(Part::Upstream), 6_200 - 1_250);
         assert_eq!(req.parts.iter().sum::<u64>(), req.total_ns());
     }
@@ -565,9 +570,7 @@ mod tests {
             .filter(|i| !matches!(i, In::Ev(e) if e.kind == kind::SOCK_FD))
             .collect();
         let (out, r) = rebuild(stream);
-        let [req] = complete(&out)[..] else {
-            panic!("{out:?}");
-        };
+        let req = only_complete(&out);
         assert_eq!(req.t_arrive_ns, 1_080);
         assert_eq!(req.part_ns(Part::Upstream), 6_230 - 1_190);
         assert_eq!(r.stats().arrival_from_syscall, 2);
@@ -671,9 +674,7 @@ mod tests {
             In::Data(data(1_300, 1_320, 5, syscall::WRITEV, RESPONSE)),
         ];
         let (out, _) = rebuild(stream);
-        let [req] = complete(&out)[..] else {
-            panic!("{out:?}");
-        };
+        let req = only_complete(&out);
         assert_eq!((req.t_arrive_ns, req.t_done_ns), (1_050, 1_300));
         assert_eq!(req.part_ns(Part::Upstream), 0);
         assert_eq!(req.parts.iter().sum::<u64>(), 250);
@@ -696,9 +697,7 @@ mod tests {
             })
             .collect();
         let (out, _) = rebuild(stream);
-        let [req] = complete(&out)[..] else {
-            panic!("{out:?}");
-        };
+        let req = only_complete(&out);
         // The joiner's first serial; no id to parse.
         assert_ne!(req.req_id, 42);
         assert_eq!(req.part_ns(Part::Upstream), 6_200 - 1_190);
