@@ -82,7 +82,7 @@ fn crossing_loss(out: &Path, breakdown: &serde_json::Value) -> usize {
 
 #[test]
 fn client_and_tracer_agree_and_loss_is_never_attributed() {
-    if !attach_common::require_root("client_and_tracer_agree_and_loss_is_never_attributed") {
+    if !attach_common::require_root() {
         return;
     }
     let bins = cargo_build_binaries();

@@ -14,7 +14,7 @@ fn stderr_of(args: &[&str]) -> String {
 
 #[test]
 fn missing_pid() {
-    if !require_root("missing_pid") {
+    if !require_root() {
         return;
     }
     // A pid that existed and is gone: reaped, and not reused this fast on a quiet machine.
@@ -33,7 +33,7 @@ fn missing_pid() {
 /// server to follow.
 #[test]
 fn binary_without_probe_sites_or_a_port_is_refused_naming_the_sites() {
-    if !require_root("binary_without_probe_sites_or_a_port_is_refused_naming_the_sites") {
+    if !require_root() {
         return;
     }
     let sleep = testproc::Spawn::new("sleep", "sleep")
@@ -128,7 +128,7 @@ fn without_privileges_it_names_what_it_needs() {
 /// one would filter on pids the kernel programs never see and record nothing; it refuses.
 #[test]
 fn item2_tracer_in_a_child_pid_namespace_refuses() {
-    if !require_root("item2_tracer_in_a_child_pid_namespace_refuses") {
+    if !require_root() {
         return;
     }
     let out = tempfile::tempdir().unwrap();

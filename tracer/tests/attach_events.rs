@@ -21,7 +21,7 @@ fn fixture_child() {
 
 #[test]
 fn every_event_kind_arrives_and_detach_is_clean() {
-    if !require_root("every_event_kind_arrives_and_detach_is_clean") {
+    if !require_root() {
         return;
     }
     let me = std::env::current_exe().unwrap();
@@ -66,7 +66,7 @@ fn every_event_kind_arrives_and_detach_is_clean() {
 
 #[test]
 fn stops_when_the_target_exits() {
-    if !require_root("stops_when_the_target_exits") {
+    if !require_root() {
         return;
     }
     let me = std::env::current_exe().unwrap();
@@ -98,7 +98,7 @@ fn stops_when_the_target_exits() {
 
 #[test]
 fn sigint_detaches() {
-    if !require_root("sigint_detaches") {
+    if !require_root() {
         return;
     }
     let me = std::env::current_exe().unwrap();
@@ -120,7 +120,7 @@ fn sigint_detaches() {
 /// syscalls, and not one event written.
 #[test]
 fn empty_programs_attach_every_hook_and_record_nothing() {
-    if !require_root("empty_programs_attach_every_hook_and_record_nothing") {
+    if !require_root() {
         return;
     }
     let me = std::env::current_exe().unwrap();
@@ -150,7 +150,7 @@ fn empty_programs_attach_every_hook_and_record_nothing() {
 #[test]
 fn item7_tids_not_readded_at_exit() {
     use tracer::attach::detect::{Choice, Plan, SchedKind};
-    if !require_root("item7_tids_not_readded_at_exit") {
+    if !require_root() {
         return;
     }
     let raw = Plan::new(Choice::Auto).unwrap();
@@ -219,7 +219,7 @@ fn item10_other_netns_same_port_is_not_the_targets() {
         target::Target,
     };
     use tracer_ebpf::abi::{Event, kind};
-    if !require_root("item10_other_netns_same_port_is_not_the_targets") {
+    if !require_root() {
         return;
     }
     let me = std::env::current_exe().unwrap();
@@ -310,7 +310,7 @@ fn stacks_are_not_lost_to_hash_collisions() {
         symbolize::StackSource as _,
     };
     use tracer_ebpf::abi::{Event, kind};
-    if !require_root("stacks_are_not_lost_to_hash_collisions") {
+    if !require_root() {
         return;
     }
     const ENTRIES: u32 = 512;

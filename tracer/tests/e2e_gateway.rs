@@ -39,8 +39,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const FINISH_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// [`traced_run`] for `test`, in its turn; None, having said why, when not root.
-fn traced_run_as_root(test: &str, hog: bool, binary: Binary) -> Option<TracedRun> {
-    if !require_root(test) {
+fn traced_run_as_root(hog: bool, binary: Binary) -> Option<TracedRun> {
+    if !require_root() {
         return None;
     }
     let _turn = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -228,11 +228,7 @@ fn client_and_tracer_agree(run: &TracedRun) -> (BTreeMap<u64, (u64, u64)>, Vec<R
 
 #[test]
 fn traced_gateway_requests_match_the_client() {
-    let Some(run) = traced_run_as_root(
-        "traced_gateway_requests_match_the_client",
-        false,
-        Binary::AsBuilt,
-    ) else {
+    let Some(run) = traced_run_as_root(false, Binary::AsBuilt) else {
         return;
     };
     let (out, stderr, started) = (&run.out, &run.stderr, run.started);
@@ -371,11 +367,7 @@ fn holders(wait: &serde_json::Value) -> Vec<String> {
 /// hog was second to the writer in the tail, first over all requests).
 #[test]
 fn a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind() {
-    let Some(run) = traced_run_as_root(
-        "a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind",
-        true,
-        Binary::AsBuilt,
-    ) else {
+    let Some(run) = traced_run_as_root(true, Binary::AsBuilt) else {
         return;
     };
     let hog = run.hog.expect("the run had a hog");
@@ -428,11 +420,7 @@ fn a_cpu_hog_on_the_gateway_cpu_is_what_requests_waited_behind() {
 /// the notes and rebuilds every request.
 #[test]
 fn a_stripped_gateway_is_traced_by_its_usdt_notes() {
-    let Some(run) = traced_run_as_root(
-        "a_stripped_gateway_is_traced_by_its_usdt_notes",
-        false,
-        Binary::Stripped,
-    ) else {
+    let Some(run) = traced_run_as_root(false, Binary::Stripped) else {
         return;
     };
     assert!(

@@ -276,8 +276,8 @@ fn waiting_p99(sessions: &[&Session]) -> u64 {
     quantile(waits, 990)
 }
 
-fn traced_proxy(test: &str, proxy: Proxy) {
-    if !require_root(test) {
+fn traced_proxy(proxy: Proxy) {
+    if !require_root() {
         return;
     }
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -311,17 +311,17 @@ fn traced_proxy(test: &str, proxy: Proxy) {
 
 #[test]
 fn nginx_requests_are_traced_kernel_only() {
-    traced_proxy("nginx_requests_are_traced_kernel_only", Proxy::Nginx);
+    traced_proxy(Proxy::Nginx);
 }
 
 #[test]
 fn haproxy_requests_are_traced_kernel_only() {
-    traced_proxy("haproxy_requests_are_traced_kernel_only", Proxy::Haproxy);
+    traced_proxy(Proxy::Haproxy);
 }
 
 #[test]
 fn caddy_requests_are_traced_kernel_only() {
-    traced_proxy("caddy_requests_are_traced_kernel_only", Proxy::Caddy);
+    traced_proxy(Proxy::Caddy);
 }
 
 /// The nearest-rank quantile of `values`.
@@ -330,7 +330,7 @@ fn caddy_requests_are_traced_kernel_only() {
 /// receipt's fsync, `ledger_fsync` in the exact split, shows as `blocked.fsync`.
 #[test]
 fn the_gateway_traced_kernel_only_agrees_with_its_exact_trace() {
-    if !require_root("the_gateway_traced_kernel_only_agrees_with_its_exact_trace") {
+    if !require_root() {
         return;
     }
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -116,7 +116,7 @@ fn assert_both_sides(data: &[Data], id: &str, worker: u32) {
 
 #[test]
 fn nginx_worker_followed_and_request_bytes_captured() {
-    if !require_root("nginx_worker_followed_and_request_bytes_captured") {
+    if !require_root() {
         return;
     }
     let bins = build_binaries();

@@ -86,21 +86,21 @@ fn stops_cleanly_on(signal: Signal) {
 
 #[test]
 fn item5_sigterm_mid_session_writes_the_outputs_and_detaches() {
-    if require_root("item5_sigterm_mid_session_writes_the_outputs_and_detaches") {
+    if require_root() {
         stops_cleanly_on(Signal::TERM);
     }
 }
 
 #[test]
 fn item5_sighup_mid_session_writes_the_outputs_and_detaches() {
-    if require_root("item5_sighup_mid_session_writes_the_outputs_and_detaches") {
+    if require_root() {
         stops_cleanly_on(Signal::HUP);
     }
 }
 
 #[test]
 fn item5_a_second_sigint_exits_at_once_writing_nothing() {
-    if !require_root("item5_a_second_sigint_exits_at_once_writing_nothing") {
+    if !require_root() {
         return;
     }
     let setup = Setup::new();
@@ -121,7 +121,7 @@ fn item5_a_second_sigint_exits_at_once_writing_nothing() {
 
 #[test]
 fn item5_a_closed_stderr_does_not_stop_the_session() {
-    if !require_root("item5_a_closed_stderr_does_not_stop_the_session") {
+    if !require_root() {
         return;
     }
     let setup = Setup::new();
@@ -172,7 +172,7 @@ exit $rc"
 /// unmounts it when done.
 #[test]
 fn item5_tracefs_the_tracer_mounted_is_unmounted() {
-    if !require_root("item5_tracefs_the_tracer_mounted_is_unmounted") {
+    if !require_root() {
         return;
     }
     let setup = Setup::new();
@@ -191,7 +191,7 @@ fn item5_tracefs_the_tracer_mounted_is_unmounted() {
 /// namespace of its own, as above).
 #[test]
 fn item5_a_second_sigint_still_unmounts_tracefs_the_tracer_mounted() {
-    if !require_root("item5_a_second_sigint_still_unmounts_tracefs_the_tracer_mounted") {
+    if !require_root() {
         return;
     }
     let setup = Setup::new();

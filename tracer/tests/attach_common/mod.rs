@@ -37,11 +37,14 @@ pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-/// Prints why and returns false when the test cannot run here.
-pub fn require_root(test: &str) -> bool {
+/// Prints why and returns false when the test cannot run here. The test is named by its
+/// thread, which libtest names after it.
+pub fn require_root() -> bool {
     if is_root() {
         return true;
     }
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("this test");
     eprintln!("SKIPPED {test}: needs root (eBPF); CI runs it as root");
     false
 }
