@@ -23,7 +23,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::TcpStream,
     path::Path,
-    sync::Mutex,
+    sync::{Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
@@ -31,6 +31,7 @@ use attach_common::{
     Background, Binaries, Proc, Proxy, Row, Signal, Spawn, Stream, assert_detached, build_binaries,
     cpu_hog, demo_gateway, installed, mock_upstream, num, open_loop, read_csv, require_root, start,
 };
+use tempfile::TempDir;
 use testproc::proxy::free_port;
 
 const PROXY_CPU: &str = "0";
@@ -52,6 +53,34 @@ const HOG_SPINNERS: usize = 3;
 
 /// One traced session at a time: they pin to the same CPUs and caddy's admin port is fixed.
 static SERIAL: Mutex<()> = Mutex::new(());
+
+/// What every test here starts from: its turn, the binaries, a scratch directory and
+/// mock-upstream on [`LOAD_CPU`].
+struct Setup {
+    _turn: MutexGuard<'static, ()>,
+    bins: Binaries,
+    dir: TempDir,
+    _mock: Proc,
+    /// mock-upstream's `host:port`.
+    upstream: String,
+}
+
+/// None, the test skipped, without root.
+fn setup() -> Option<Setup> {
+    if !require_root() {
+        return None;
+    }
+    let turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let bins = build_binaries();
+    let (mock, upstream) = mock_upstream(&bins, UPSTREAM_DELAY_MS, LOAD_CPU);
+    Some(Setup {
+        _turn: turn,
+        bins,
+        dir: tempfile::tempdir().unwrap(),
+        _mock: mock,
+        upstream,
+    })
+}
 
 /// Starts `proxy` on `port` in front of `upstream`, pinned to [`PROXY_CPU`], and waits until
 /// it accepts connections.
@@ -277,20 +306,23 @@ fn waiting_p99(sessions: &[&Session]) -> u64 {
 }
 
 fn traced_proxy(proxy: Proxy) {
-    if !require_root() {
+    // Held to the end: it owns the turn and mock-upstream.
+    let Some(setup) = setup() else {
         return;
-    }
-    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let bins = build_binaries();
-    let dir = tempfile::tempdir().unwrap();
-    let (_mock, upstream) = mock_upstream(&bins, UPSTREAM_DELAY_MS, LOAD_CPU);
+    };
+    let Setup {
+        bins,
+        dir,
+        upstream,
+        ..
+    } = &setup;
     let sessions = [
         ("quiet-before", false),
         ("hog", true),
         ("quiet-after", false),
     ]
     .map(|(name, hog)| {
-        let s = session(proxy, &bins, &upstream, dir.path(), name, hog);
+        let s = session(proxy, bins, upstream, dir.path(), name, hog);
         check(proxy, &s);
         s
     });
@@ -324,19 +356,21 @@ fn caddy_requests_are_traced_kernel_only() {
     traced_proxy(Proxy::Caddy);
 }
 
-/// The nearest-rank quantile of `values`.
 /// Our gateway traced twice at once, by its probe sites and kernel-only, on the same load:
 /// the two agree on each request's total and upstream (median and p99 within 5%), and the
 /// receipt's fsync, `ledger_fsync` in the exact split, shows as `blocked.fsync`.
 #[test]
 fn the_gateway_traced_kernel_only_agrees_with_its_exact_trace() {
-    if !require_root() {
+    // Held to the end: it owns the turn and mock-upstream.
+    let Some(setup) = setup() else {
         return;
-    }
-    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let bins = build_binaries();
-    let dir = tempfile::tempdir().unwrap();
-    let (_mock, upstream) = mock_upstream(&bins, UPSTREAM_DELAY_MS, LOAD_CPU);
+    };
+    let Setup {
+        bins,
+        dir,
+        upstream,
+        ..
+    } = &setup;
     let upstream = format!("http://{upstream}");
     let (gateway, url, key) = demo_gateway(&bins.gateway, dir.path(), &upstream, PROXY_CPU);
     let pid = gateway.pid().to_string();
