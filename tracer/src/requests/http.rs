@@ -118,8 +118,6 @@ pub struct Request {
     pub upstream_fd: Option<u32>,
     /// The `x-request-id` value (client's, else the upstream request's), OWS trimmed.
     pub request_id: Option<String>,
-    /// [`id_key`] of `request_id`.
-    pub key: Option<u64>,
     /// Of the client request line.
     pub method: String,
     pub target: String,
@@ -144,7 +142,6 @@ impl Request {
             serial,
             tgid,
             upstream_fd: None,
-            key: request_id.as_deref().map(id_key),
             request_id,
             method,
             target,
@@ -152,6 +149,11 @@ impl Request {
             upstream_status: None,
             syscalls: Vec::new(),
         }
+    }
+
+    /// [`id_key`] of `request_id`.
+    pub fn key(&self) -> Option<u64> {
+        self.request_id.as_deref().map(id_key)
     }
 }
 
@@ -701,7 +703,6 @@ impl Joiner {
                         let r = &mut self.open.get_mut(&s).expect("pending is open").request;
                         r.upstream_fd = Some(d.fd);
                         if r.request_id.is_none() {
-                            r.key = head.request_id.as_deref().map(id_key);
                             r.request_id = head.request_id;
                         }
                         conn.current = Some(s);
@@ -1589,7 +1590,7 @@ mod tests {
         let r = &e.request;
         assert_eq!((r.tgid, e.client_fd, r.upstream_fd), (PID, 3, Some(16)));
         assert_eq!(r.request_id.as_deref(), Some("1796273436132279"));
-        assert_eq!(r.key, Some(1796273436132279));
+        assert_eq!(r.key(), Some(1796273436132279));
         assert_eq!((r.method.as_str(), r.target.as_str()), ("POST", "/echo"));
         assert_eq!((r.status, r.upstream_status), (Some(200), Some(200)));
         assert_eq!(
@@ -1627,7 +1628,7 @@ mod tests {
         assert_eq!(e.len(), 5);
         for (i, e) in e.iter().enumerate() {
             assert_eq!(e.request.request_id, Some(format!("id-{i}")));
-            assert_eq!(e.request.key, Some(id_key(&format!("id-{i}"))));
+            assert_eq!(e.request.key(), Some(id_key(&format!("id-{i}"))));
             assert_eq!((e.client_fd, e.request.upstream_fd), (3, Some(6)));
             assert_eq!(
                 roles(&e.request),
@@ -1820,7 +1821,7 @@ mod tests {
             [(3, Some(7), "/a"), (4, Some(6), "/b")]
         );
         assert_eq!(e[0].request.request_id, None);
-        assert_eq!(e[0].request.key, None);
+        assert_eq!(e[0].request.key(), None);
     }
 
     #[test]
@@ -1870,7 +1871,7 @@ mod tests {
         sim.send(3, &s);
         let r = &sim.only_exchange().request;
         assert_eq!(r.request_id.as_deref(), Some("f00d"));
-        assert_eq!(r.key, Some(id_key("f00d")));
+        assert_eq!(r.key(), Some(id_key("f00d")));
         assert_ne!(id_key("f00d"), 0xf00d);
     }
 
@@ -1895,7 +1896,7 @@ mod tests {
         assert_eq!(e.len(), 2);
         assert_eq!(
             e.iter()
-                .map(|e| (e.request.tgid, e.request.upstream_fd, e.request.key))
+                .map(|e| (e.request.tgid, e.request.upstream_fd, e.request.key()))
                 .collect::<Vec<_>>(),
             [(1, Some(6), Some(7)), (2, Some(6), Some(7))]
         );

@@ -262,7 +262,7 @@ impl KernelOnlyRebuilder {
         let serial = output.serial();
         let (key_ts, outcome) = match output {
             Output::Exchange(http::Exchange { request: ex, .. }) => {
-                let id = ex.key.unwrap_or(serial);
+                let id = ex.key().unwrap_or(serial);
                 match self.record(&ex, id) {
                     Ok(r) => (r.t_done_ns, Outcome::Complete(r)),
                     Err(reason) => {
@@ -272,7 +272,7 @@ impl KernelOnlyRebuilder {
                 }
             }
             Output::Incomplete(inc) => {
-                let id = inc.request.key.unwrap_or(serial);
+                let id = inc.request.key().unwrap_or(serial);
                 (self.now, incomplete(id, &inc.reason.to_string()))
             }
         };
