@@ -15,7 +15,7 @@ use aya_obj::generated::{
     bpf_attr, bpf_cmd, bpf_link_info, bpf_link_type, bpf_perf_event_type, bpf_prog_info,
 };
 
-use super::hooks::Link;
+use super::hooks::{Link, typed};
 
 /// bpf(2) with `cmd` and `attr`: the non-negative result, or errno. Through libc: rustix has
 /// no bpf(2).
@@ -133,10 +133,7 @@ impl KprobeLinks {
                 out.unavailable = true;
                 continue;
             }
-            let program: &mut KProbe = ebpf
-                .program_mut(&name)
-                .with_context(|| format!("{name} missing from the eBPF object"))?
-                .try_into()?;
+            let program: &mut KProbe = typed(ebpf, &name)?;
             let fd_link = FdLink::try_from(program.take_link(id)?)
                 .with_context(|| format!("{name}: not a BPF link"))?;
             out.links.push((name, fd_link));
