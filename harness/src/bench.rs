@@ -29,7 +29,7 @@ use session::targets::GATE_P99_ADDED_US;
 use crate::baseline;
 use crate::machine::{filesystem_of, load_average};
 use crate::procs::{
-    Binaries, MockUpstream, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
+    Binaries, Listener, init_demo_db, run_loadgen, start_gateway, start_mock_upstream,
 };
 use crate::procstat;
 
@@ -407,7 +407,7 @@ struct MaxSearch<'a> {
 impl MaxSearch<'_> {
     /// The search's max rate (which also pre-fills the template ledger for every row) and
     /// the pinning as applied.
-    fn run(&self, delay_ms: u64, mock: &MockUpstream) -> anyhow::Result<(MaxRate, Pinning)> {
+    fn run(&self, delay_ms: u64, mock: &Listener) -> anyhow::Result<(MaxRate, Pinning)> {
         let (bins, args, timing, template, key, delay_dir) = (
             self.bins,
             self.args,

@@ -393,7 +393,8 @@ impl Drop for TracerProc {
     }
 }
 
-pub struct MockUpstream {
+/// A started server and the URL it answers at (`http://127.0.0.1:PORT`).
+pub struct Listener {
     pub proc: Proc,
     pub url: String,
 }
@@ -404,7 +405,7 @@ pub fn start_mock_upstream(
     cpus: Option<&str>,
     delay_ms: u64,
     log_dir: &Path,
-) -> anyhow::Result<MockUpstream> {
+) -> anyhow::Result<Listener> {
     let args = [
         "--listen",
         "127.0.0.1:0",
@@ -415,15 +416,10 @@ pub fn start_mock_upstream(
     let name = format!("mock-upstream-{delay_ms}ms");
     let mut proc = Proc::spawn(&name, cpus, &bins.mock_upstream, &args, log_dir)?;
     let addr = proc.wait_listening()?;
-    Ok(MockUpstream {
+    Ok(Listener {
         proc,
         url: format!("http://{addr}"),
     })
-}
-
-pub struct Gateway {
-    pub proc: Proc,
-    pub url: String,
 }
 
 /// `gateway serve --db DB --listen 127.0.0.1:0 --workers N`, ready once `/healthz` answers 200.
@@ -433,7 +429,7 @@ pub fn start_gateway(
     db: &Path,
     workers: usize,
     log_dir: &Path,
-) -> anyhow::Result<Gateway> {
+) -> anyhow::Result<Listener> {
     let args = vec![
         "serve".to_owned(),
         "--db".to_owned(),
@@ -446,7 +442,7 @@ pub fn start_gateway(
     let mut proc = Proc::spawn("gateway", cpus, &bins.gateway, &args, log_dir)?;
     let addr = proc.wait_listening()?;
     wait_for_200(&mut proc, "gateway", &addr, "/healthz")?;
-    Ok(Gateway {
+    Ok(Listener {
         proc,
         url: format!("http://{addr}"),
     })
@@ -455,10 +451,10 @@ pub fn start_gateway(
 /// What profile and validate measure against: mock-upstream (delay `delay_ms`) on the load
 /// CPUs, a demo ledger `work/ledger.db` pointing at it, and the gateway pinned per `placement`.
 pub struct Served {
-    pub mock: MockUpstream,
+    pub mock: Listener,
     /// The demo ledger's API key.
     pub key: String,
-    pub gateway: Gateway,
+    pub gateway: Listener,
 }
 
 pub fn start_served(
@@ -562,11 +558,6 @@ pub fn proxy_version(proxy: Proxy, binary: &Path) -> anyhow::Result<String> {
         .with_context(|| format!("{} printed no version", binary.display()))
 }
 
-pub struct ProxyServer {
-    pub proc: Proc,
-    pub url: String,
-}
-
 /// `proxy` (`binary`) as a reverse proxy in front of `upstream` (a URL, `http://HOST:PORT`) on a
 /// free port of 127.0.0.1, on the CPUs of `cpus` (nginx's workers inherit them from the
 /// master); its configuration, logs and temporary files in `log_dir/<package>/`. Ready once a
@@ -577,7 +568,7 @@ pub fn start_proxy(
     cpus: Option<&str>,
     upstream: &str,
     log_dir: &Path,
-) -> anyhow::Result<ProxyServer> {
+) -> anyhow::Result<Listener> {
     let name = proxy.package();
     let dir = log_dir.join(name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -589,7 +580,7 @@ pub fn start_proxy(
     let mut proc = Proc::start(name, spawn, cpus, log_dir)?;
     let addr = format!("127.0.0.1:{port}");
     wait_for_200(&mut proc, name, &addr, "/")?;
-    Ok(ProxyServer {
+    Ok(Listener {
         proc,
         url: format!("http://{addr}"),
     })

@@ -179,8 +179,7 @@ pub fn run(
 
     let target::Server {
         mock,
-        proc: server,
-        url,
+        target: procs::Listener { proc: server, url },
         client,
         version: target_version,
     } = target::start(args.target, &bins, &args.placement, args.delay_ms, logs)?;

@@ -38,7 +38,7 @@ use session::validation::{
 
 use crate::ab::{self as windows_ab, Traced, median};
 use crate::flags;
-use crate::procs::{self, Binaries, Gateway, MockUpstream, Served, run_loadgen, start_tracer};
+use crate::procs::{self, Binaries, Listener, Served, run_loadgen, start_tracer};
 use crate::procstat;
 
 /// Untraced-then-traced max searches (step 4).
@@ -106,8 +106,8 @@ fn build_tracer() -> anyhow::Result<PathBuf> {
 struct Bench {
     bins: Binaries,
     tracer: PathBuf,
-    gateway: Gateway,
-    _mock: MockUpstream,
+    gateway: Listener,
+    _mock: Listener,
     key: String,
     work: PathBuf,
     load_cpus: String,

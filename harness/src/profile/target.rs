@@ -11,7 +11,7 @@ pub use session::traced::Target;
 use testproc::proxy::Proxy;
 
 use crate::flags::Placement;
-use crate::procs::{self, Binaries, MockUpstream, Proc, Served};
+use crate::procs::{self, Binaries, Listener, Served};
 
 /// `--target`'s parser: one of [`Target::ALL`]'s names, which `--help` lists.
 pub fn parser() -> impl clap::builder::TypedValueParser<Value = Target> {
@@ -31,9 +31,8 @@ pub fn version_command(target: Target) -> Option<String> {
 
 /// The target running, in front of mock-upstream.
 pub struct Server {
-    pub mock: MockUpstream,
-    pub proc: Proc,
-    pub url: String,
+    pub mock: Listener,
+    pub target: Listener,
     /// loadgen's flags that reach it: the demo ledger's API key, or `--direct`.
     pub client: Vec<String>,
     /// As it reports it (`nginx -v`); None for the gateway, whose version is the commit.
@@ -53,8 +52,7 @@ pub fn start(
         let Served { mock, key, gateway } = procs::start_served(bins, placement, delay_ms, logs)?;
         return Ok(Server {
             mock,
-            proc: gateway.proc,
-            url: gateway.url,
+            target: gateway,
             client: vec!["--key".to_owned(), key],
             version: None,
         });
@@ -78,8 +76,7 @@ pub fn start(
     );
     Ok(Server {
         mock,
-        proc: server.proc,
-        url: server.url,
+        target: server,
         client: vec!["--direct".to_owned()],
         version: Some(version),
     })
