@@ -32,14 +32,19 @@ fn parse<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> T {
         .unwrap_or_else(|e| panic!("{}/{name}: {e}", dir.display()))
 }
 
-/// Fails unless `value`, written back as the writers write it, is `name`'s text to the byte.
-fn assert_written_back<T: serde::Serialize>(dir: &Path, name: &str, value: &T, text: &str) {
-    let back = serde_json::to_string_pretty(value).unwrap() + "\n";
+/// Fails unless `back`, the file parsed and written back as its writer writes it, is `name`'s
+/// text to the byte.
+fn assert_written_back(dir: &Path, name: &str, back: &str, text: &str) {
     assert!(
         back == text,
         "{}: {name} written back differs",
         dir.display()
     );
+}
+
+/// JSON as loadgen and the tracer's pictures write it: pretty, with a final newline.
+fn pretty<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string_pretty(value).unwrap() + "\n"
 }
 
 #[test]
@@ -48,11 +53,7 @@ fn breakdown_json_round_trips_byte_for_byte() {
         let text = read(&dir, session::breakdown::FILE);
         let breakdown =
             Breakdown::from_json(&text).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        assert!(
-            breakdown.to_json() == text,
-            "{}: breakdown.json written back differs",
-            dir.display()
-        );
+        assert_written_back(&dir, session::breakdown::FILE, &breakdown.to_json(), &text);
     }
 }
 
@@ -61,7 +62,12 @@ fn loadgen_json_round_trips_and_find_max_parses() {
     for dir in sessions() {
         let text = read(&dir, session::loadgen::LOADGEN_JSON);
         let summary: Summary = parse(&dir, session::loadgen::LOADGEN_JSON);
-        assert_written_back(&dir, session::loadgen::LOADGEN_JSON, &summary, &text);
+        assert_written_back(
+            &dir,
+            session::loadgen::LOADGEN_JSON,
+            &pretty(&summary),
+            &text,
+        );
         // A session given its max with --max-rate searched none (profile.json says so).
         if dir.join(session::loadgen::FIND_MAX_JSON).exists() {
             let find_max: FindMax = parse(&dir, session::loadgen::FIND_MAX_JSON);
@@ -85,7 +91,7 @@ fn pictures_and_probe_effect_parse() {
         // The tracer writes every key since 2026-12-02 (hardened): those files come back whole.
         let text = read(&dir, session::pictures::FILE);
         if text.contains("\"wait_all_of\"") {
-            assert_written_back(&dir, session::pictures::FILE, &pictures, &text);
+            assert_written_back(&dir, session::pictures::FILE, &pretty(&pictures), &text);
         }
         if dir.join(session::effect::FILE).is_file() {
             let effect: ProbeEffect = parse(&dir, session::effect::FILE);

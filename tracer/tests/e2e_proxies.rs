@@ -316,19 +316,20 @@ fn traced_proxy(proxy: Proxy) {
     let Some(setup) = setup() else {
         return;
     };
-    let Setup {
-        bins,
-        dir,
-        upstream,
-        ..
-    } = &setup;
     let sessions = [
         ("quiet-before", false),
         ("hog", true),
         ("quiet-after", false),
     ]
     .map(|(name, hog)| {
-        let s = session(proxy, bins, upstream, dir.path(), name, hog);
+        let s = session(
+            proxy,
+            &setup.bins,
+            &setup.upstream,
+            setup.dir.path(),
+            name,
+            hog,
+        );
         check(proxy, &s);
         s
     });
@@ -371,14 +372,9 @@ fn the_gateway_traced_kernel_only_agrees_with_its_exact_trace() {
     let Some(setup) = setup() else {
         return;
     };
-    let Setup {
-        bins,
-        dir,
-        upstream,
-        ..
-    } = &setup;
-    let upstream = format!("http://{upstream}");
-    let (gateway, url, key) = demo_gateway(&bins.gateway, dir.path(), &upstream, PROXY_CPU);
+    let (bins, dir) = (&setup.bins, setup.dir.path());
+    let upstream = format!("http://{}", setup.upstream);
+    let (gateway, url, key) = demo_gateway(&bins.gateway, dir, &upstream, PROXY_CPU);
     let pid = gateway.pid().to_string();
     let tracer = |name: &str, extra: &[&str]| {
         Background::attached(
@@ -386,7 +382,7 @@ fn the_gateway_traced_kernel_only_agrees_with_its_exact_trace() {
                 .args(["record", "--pid", &pid, "--sample-hz", "0"])
                 .args(extra)
                 .arg("--out")
-                .arg(dir.path().join(name))
+                .arg(dir.join(name))
                 .cpus(Some(LOAD_CPU)),
             READY_TIMEOUT,
         )
@@ -398,12 +394,12 @@ fn the_gateway_traced_kernel_only_agrees_with_its_exact_trace() {
         LOAD_CPU,
         &["--url", &url, "--key", &key],
         (RATE, LOAD_SECONDS, CONNECTIONS),
-        &dir.path().join("client.csv"),
+        &dir.join("client.csv"),
     );
     let mut rows = Vec::new();
     for (name, tracer) in [("exact", &mut exact), ("kernel-only", &mut kernel_only)] {
         tracer.stop(FINISH_TIMEOUT);
-        rows.push(read_csv(&dir.path().join(name).join("requests.csv")));
+        rows.push(read_csv(&dir.join(name).join("requests.csv")));
     }
     drop(gateway);
     let (exact, kernel_only) = (&rows[0], &rows[1]);
