@@ -179,8 +179,7 @@ fn task_migrates_threads_between_polls() {
     s.switch_out(2650, 101, false)
         .wakeup(2950, 101)
         .switch_in(2990, 101);
-    let out = s.rebuild();
-    let r = complete(&out, 1);
+    let r = &s.rebuild_complete(1);
     assert_eq!(parts(r), sorted(UPSTREAM_PARTS.to_vec()));
     let last_poll = r.slices.iter().find(|sl| sl.start_ns == 2600).unwrap();
     assert_eq!(
@@ -287,8 +286,7 @@ fn writer_preempts_the_worker_inside_its_poll_and_signs() {
         .poll_enter(3200, 101, 1)
         .request_end(3300, 101, 1, 200)
         .send(3400, 3410, 101, 10, 100);
-    let out = s.rebuild();
-    let r = complete(&out, 1);
+    let r = &s.rebuild_complete(1);
     assert_eq!(
         parts(r),
         vec![
@@ -340,8 +338,7 @@ fn preemption_and_a_blocked_switch_out_during_a_poll() {
         .switch_in(1750, 101)
         .request_end(2000, 101, 1, 200)
         .send(2100, 2150, 101, 10, 100);
-    let out = s.rebuild();
-    let r = complete(&out, 1);
+    let r = &s.rebuild_complete(1);
     assert_eq!(
         parts(r),
         vec![
@@ -388,8 +385,7 @@ fn upstream_span_overrides_everything_inside_it() {
         .poll_enter(2600, 101, 1)
         .request_end(2800, 101, 1, 502)
         .send(2900, 2950, 101, 10, 100);
-    let out = s.rebuild();
-    let r = complete(&out, 1);
+    let r = &s.rebuild_complete(1);
     assert_eq!(r.status, 502);
     assert_eq!(
         parts(r),
@@ -962,8 +958,7 @@ fn first_poll_starts_at_begin_and_last_ends_at_end() {
         .switch_out(1860, 101, true)
         .switch_in(1880, 101)
         .send(1900, 1910, 101, 10, 100);
-    let out = s.rebuild();
-    let r = complete(&out, 1);
+    let r = &s.rebuild_complete(1);
     assert_eq!(
         parts(r),
         vec![
@@ -1008,8 +1003,7 @@ fn a_sample_before_the_first_phase_site_is_parse_in_a_traced_request() {
         .sample(1250, 101)
         .request_end(1300, 101, 1, 200)
         .send(1400, 1410, 101, 10, 100);
-    let out = s.rebuild();
-    let r = complete(&out, 1);
+    let r = &s.rebuild_complete(1);
     assert_eq!(
         parts(r),
         vec![

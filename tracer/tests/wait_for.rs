@@ -124,8 +124,7 @@ fn waiting_behind_another_request_on_the_same_worker() {
         .request_begin(1500, WORKER, 2, 11)
         .request_end(1600, WORKER, 2, 200)
         .send(1700, 1710, WORKER, 11, 100);
-    let out = s.rebuild();
-    let r = complete(&out, 2);
+    let r = &s.rebuild_complete(2);
     assert_covers(r, Part::Scheduling);
     assert_eq!(
         charged(r, Part::Scheduling),
@@ -181,8 +180,7 @@ fn the_writer_holds_the_cpu_then_it_is_idle() {
         .poll_enter(3200, WORKER, 1)
         .request_end(3300, WORKER, 1, 200)
         .send(3400, 3410, WORKER, 10, 100);
-    let out = s.rebuild();
-    let r = complete(&out, 1);
+    let r = &s.rebuild_complete(1);
     assert_covers(r, Part::Scheduling);
     // [1450, 1600) and [1700, 1800) and [2800, 2950): the writer outside sealing and fsync;
     // [2950, 3000): nothing ran; [1000, 1010): the worker before the request's poll; and
@@ -227,8 +225,7 @@ fn a_receipt_wait_names_what_delayed_the_writer() {
         .poll_enter(2200, WORKER, 1)
         .request_end(2300, WORKER, 1, 200)
         .send(2400, 2410, WORKER, 10, 100);
-    let out = s.rebuild();
-    let r = complete(&out, 1);
+    let r = &s.rebuild_complete(1);
     assert_covers(r, Part::LedgerOther);
     assert_eq!(
         charged(r, Part::LedgerOther),
@@ -254,8 +251,7 @@ fn an_unseen_cpu_is_charged_as_unknown_not_guessed() {
     s.request_1_begins()
         .request_end(1600, WORKER, 1, 200)
         .send(1700, 1710, WORKER, 10, 100);
-    let out = s.rebuild();
-    let r = complete(&out, 1);
+    let r = &s.rebuild_complete(1);
     assert_covers(r, Part::Scheduling);
     assert_eq!(charged(r, Part::Scheduling), vec![(Holder::Unknown, 10)]);
 }

@@ -193,6 +193,11 @@ impl Stream {
         self.rebuild_with(Rebuilder::new().with_wait_for())
     }
 
+    /// [`Stream::rebuild`]'s record of request `req`, which must be complete.
+    pub fn rebuild_complete(&self, req: u64) -> super::RequestRecord {
+        complete(&self.rebuild(), req).clone()
+    }
+
     /// Feed everything to `rebuilder`, then finish at the last event.
     pub fn rebuild_with(&self, mut rebuilder: Rebuilder) -> Vec<Outcome> {
         let events = self.events();
