@@ -83,20 +83,23 @@ fn find_max_reports_a_rate_and_its_steps() {
     let upstream = MockUpstream::start();
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("max.json");
-    testproc::succeeded_stdout(loadgen(&[
-        "--url",
-        &upstream.url,
-        "--direct",
-        "--find-max",
-        "--duration",
-        "0.3",
-        "--warmup",
-        "0.1",
-        "--max-concurrency",
-        "4",
-        "--out",
-        json.to_str().unwrap(),
-    ]));
+    testproc::succeeded_stdout(
+        "loadgen",
+        loadgen(&[
+            "--url",
+            &upstream.url,
+            "--direct",
+            "--find-max",
+            "--duration",
+            "0.3",
+            "--warmup",
+            "0.1",
+            "--max-concurrency",
+            "4",
+            "--out",
+            json.to_str().unwrap(),
+        ]),
+    );
     let result = read_json(&json);
     let steps = result["steps"].as_array().unwrap();
     assert!(!steps.is_empty() && steps.len() <= 3, "c1, c2, c4 at most");

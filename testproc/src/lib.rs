@@ -197,21 +197,20 @@ impl Spawn {
     }
 }
 
-/// `0`, `2-3`, `0,2-3` as a CPU set.
 /// What `command` printed to stdout; it had to succeed.
 pub fn stdout_of(command: &mut Command) -> String {
     let output = command
         .output()
         .unwrap_or_else(|e| panic!("running {command:?}: {e}"));
-    succeeded_stdout(output)
+    succeeded_stdout(&format!("{command:?}"), output)
 }
 
-/// The stdout of a command that had to succeed; panics, quoting its status and stderr, when it
-/// failed.
-pub fn succeeded_stdout(output: std::process::Output) -> String {
+/// The stdout of `what`, a command that had to succeed; panics, quoting its status and stderr,
+/// when it failed.
+pub fn succeeded_stdout(what: &str, output: std::process::Output) -> String {
     assert!(
         output.status.success(),
-        "failed: {}\n{}",
+        "{what} failed: {}\n{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
@@ -228,6 +227,7 @@ pub fn failed_stderr(output: &std::process::Output) -> String {
     stderr
 }
 
+/// `0`, `2-3`, `0,2-3` as a CPU set.
 pub fn parse_cpu_list(list: &str) -> anyhow::Result<CpuSet> {
     let mut set = CpuSet::new();
     for part in list.split(',') {

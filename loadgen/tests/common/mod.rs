@@ -91,7 +91,7 @@ pub fn run_direct(url: &str, args: &[&str]) -> (serde_json::Value, Vec<Row>) {
     all.extend_from_slice(args);
     all.extend(["--out", json.to_str().unwrap()]);
     all.extend(["--requests-out", csv.to_str().unwrap()]);
-    testproc::succeeded_stdout(loadgen(&all));
+    testproc::succeeded_stdout("loadgen", loadgen(&all));
     (read_json(&json), read_csv(&csv))
 }
 
