@@ -157,17 +157,15 @@ impl Hook {
     }
 }
 
-fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::programs::Program> {
-    ebpf.program_mut(name)
-        .with_context(|| format!("{name} missing from the eBPF object"))
-}
-
 /// The program `name` as its type `T`.
 pub(crate) fn typed<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut T>
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
 {
-    Ok(program(ebpf, name)?.try_into()?)
+    Ok(ebpf
+        .program_mut(name)
+        .with_context(|| format!("{name} missing from the eBPF object"))?
+        .try_into()?)
 }
 
 impl Link {
