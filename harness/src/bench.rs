@@ -148,7 +148,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mock = start_mock_upstream(&bins, load_cpus, delay_ms, &delay_dir)?;
         let template = delay_dir.join("template");
         std::fs::create_dir_all(&template)?;
-        let key = init_demo_db(&bins, &template.join(LEDGER_FILE), &mock.url)?;
+        let key = init_demo_db(&bins.gateway, &template.join(LEDGER_FILE), &mock.url)?;
 
         // Max rate, on the template ledger: this also pre-fills it for every row.
         let search = MaxSearch {

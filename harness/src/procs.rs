@@ -465,7 +465,7 @@ pub fn start_served(
 ) -> anyhow::Result<Served> {
     let mock = start_mock_upstream(bins, Some(&placement.load_cpus), delay_ms, work)?;
     let db = work.join("ledger.db");
-    let key = init_demo_db(bins, &db, &mock.url)?;
+    let key = init_demo_db(&bins.gateway, &db, &mock.url)?;
     let gateway = start_gateway(
         bins,
         Some(&placement.gateway_cpus),
@@ -586,9 +586,10 @@ pub fn start_proxy(
     })
 }
 
-/// `gateway init --db DB --demo --upstream URL`; returns the printed `api_key=ak_...`.
-pub fn init_demo_db(bins: &Binaries, db: &Path, upstream_url: &str) -> anyhow::Result<String> {
-    let output = Command::new(&bins.gateway)
+/// `gateway init --db DB --demo --upstream URL` of the `gateway` binary; returns the printed
+/// `api_key=ak_...`.
+pub fn init_demo_db(gateway: &Path, db: &Path, upstream_url: &str) -> anyhow::Result<String> {
+    let output = Command::new(gateway)
         .arg("init")
         .arg("--db")
         .arg(db)

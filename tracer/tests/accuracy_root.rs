@@ -14,7 +14,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use attach_common::{
-    Background, Binaries, Proc, Signal, Spawn, cargo_build_binaries, start, wait_listening,
+    Background, Binaries, Proc, Signal, Spawn, cargo_build_binaries, demo_init, start,
+    wait_listening,
 };
 use session::analysis::accuracy::{self, Accuracy};
 
@@ -91,22 +92,7 @@ fn client_and_tracer_agree_and_loss_is_never_attributed() {
     mock.args(["--listen", "127.0.0.1:0"]);
     let (_mock, mock_addr) = serve("mock-upstream", mock);
     let db = dir.path().join("ledger.db");
-    let init = Command::new(&bins.gateway)
-        .args([
-            "init",
-            "--demo",
-            "--upstream",
-            &format!("http://{mock_addr}"),
-        ])
-        .arg("--db")
-        .arg(&db)
-        .output()
-        .unwrap();
-    assert!(init.status.success(), "gateway init failed");
-    let key = String::from_utf8_lossy(&init.stdout)
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("api_key=").map(str::to_owned))
-        .expect("api_key= line");
+    let key = demo_init(&bins.gateway, &db, &format!("http://{mock_addr}"));
     let mut gateway = Command::new(&bins.gateway);
     gateway
         .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1", "--db"])

@@ -145,17 +145,7 @@ pub fn demo_gateway(
     cpu: &str,
 ) -> (Proc, String, String) {
     let db = dir.join("ledger.db");
-    let init = testproc::stdout_of(
-        Command::new(gateway)
-            .arg("init")
-            .arg("--db")
-            .arg(&db)
-            .args(["--demo", "--upstream", upstream]),
-    );
-    let key = init
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("api_key=").map(str::to_owned))
-        .expect("gateway init printed no api_key=");
+    let key = demo_init(gateway, &db, upstream);
     let mut served = start(
         Spawn::new("gateway", gateway)
             .arg("serve")
@@ -166,6 +156,11 @@ pub fn demo_gateway(
     );
     let url = format!("http://{}", wait_listening(&mut served));
     (served, url, key)
+}
+
+/// `gateway init --demo` of `db` in front of `upstream` (a URL): the demo API key.
+pub fn demo_init(gateway: &Path, db: &Path, upstream: &str) -> String {
+    harness::procs::init_demo_db(gateway, db, upstream).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// `proxy`'s binary, installed with apt-get first where it is missing.
