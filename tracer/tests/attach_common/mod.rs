@@ -49,13 +49,9 @@ pub fn require_root() -> bool {
     false
 }
 
-/// The executables of the tests on a real gateway: they belong to other packages, so cargo
-/// does not build them for a tracer test.
-pub struct Binaries {
-    pub gateway: PathBuf,
-    pub mock_upstream: PathBuf,
-    pub loadgen: PathBuf,
-}
+/// The executables of the tests on a real gateway (the harness's): they belong to other
+/// packages, so cargo does not build them for a tracer test.
+pub use harness::procs::Binaries;
 
 /// `cargo build --release -p gateway -p loadgen` (the cargo that runs the test, in the
 /// workspace, so `CARGO_TARGET_DIR` and `.cargo/config.toml` apply as for any build), taking
