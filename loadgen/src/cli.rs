@@ -79,6 +79,14 @@ pub struct Args {
     /// The `on_behalf_of` of the /v1/act body.
     #[arg(long, default_value = "user-1")]
     pub on_behalf_of: String,
+    /// Send no `x-request-id` header, as most real clients do (the id stays in the body's
+    /// `params.request_id` and in --requests-out).
+    #[arg(long)]
+    pub no_request_id: bool,
+    /// Put this many bytes of padding in the body's `params` before the id, so that the first
+    /// BYTES of every body are the same.
+    #[arg(long, default_value_t = 0, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
+    pub body_pad: u64,
     /// No progress lines on stderr.
     #[arg(long)]
     pub quiet: bool,
@@ -121,7 +129,9 @@ pub fn execute(args: &Args) -> anyhow::Result<Report> {
             service: &args.service,
             action: &args.action,
             on_behalf_of: &args.on_behalf_of,
+            pad: args.body_pad as usize,
         },
+        !args.no_request_id,
     )?);
     let first_id = args.first_id.unwrap_or_else(|| {
         SystemTime::now()

@@ -49,12 +49,16 @@ pub struct Exchange {
     pub sent_ns: u64,
     pub received_ns: u64,
     pub outcome: Outcome,
+    /// The connection's local port (0: it never connected), so a server-side trace can tell
+    /// the client's connections apart.
+    pub local_port: u16,
 }
 
 pub struct Conn {
     target: Arc<Target>,
     timeout: Duration,
     sender: Option<SendRequest<Full<Bytes>>>,
+    local_port: u16,
 }
 
 impl Conn {
@@ -63,6 +67,7 @@ impl Conn {
             target,
             timeout,
             sender: None,
+            local_port: 0,
         }
     }
 
@@ -75,6 +80,7 @@ impl Conn {
             .and_then(|connected| connected.map_err(anyhow::Error::from))
             .with_context(|| format!("cannot connect to {} ({})", target.url, target.addr))?;
         stream.set_nodelay(true)?;
+        self.local_port = stream.local_addr()?.port();
         let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .with_context(|| format!("HTTP handshake with {} failed", target.url))?;
@@ -114,6 +120,7 @@ impl Conn {
             sent_ns,
             received_ns: monotonic_ns(),
             outcome,
+            local_port: self.local_port,
         }
     }
 }

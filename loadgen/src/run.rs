@@ -49,6 +49,8 @@ pub struct Record {
     pub outcome: Outcome,
     /// Sent (closed) or scheduled (open) before the warm-up ended: excluded from the summary.
     pub warmup: bool,
+    /// Its connection's local port (0: none).
+    pub local_port: u16,
 }
 
 impl Record {
@@ -281,5 +283,6 @@ fn record(id: u64, scheduled_ns: u64, exchange: Exchange, warmup: bool) -> Recor
         received_ns: exchange.received_ns,
         outcome: exchange.outcome,
         warmup,
+        local_port: exchange.local_port,
     }
 }

@@ -161,14 +161,14 @@ pub fn summarize(output: &RunOutput, url: &str, direct: bool, warmup_s: f64) -> 
 }
 
 /// One CSV row per request sent: `status` is the HTTP status, or 0 with `error` set to
-/// `transport` or `timeout`.
+/// `transport` or `timeout`; `local_port` is its connection's (0: it never connected).
 pub fn write_requests_csv(path: &std::path::Path, records: &[Record]) -> anyhow::Result<()> {
     use std::io::Write as _;
     let file = std::fs::File::create(path)?;
     let mut out = std::io::BufWriter::new(file);
     writeln!(
         out,
-        "request_id,scheduled_ns,sent_ns,received_ns,status,error,warmup"
+        "request_id,scheduled_ns,sent_ns,received_ns,status,error,warmup,local_port"
     )?;
     for r in records {
         let (status, error) = match r.outcome {
@@ -178,8 +178,8 @@ pub fn write_requests_csv(path: &std::path::Path, records: &[Record]) -> anyhow:
         };
         writeln!(
             out,
-            "{},{},{},{},{status},{error},{}",
-            r.id, r.scheduled_ns, r.sent_ns, r.received_ns, r.warmup as u8
+            "{},{},{},{},{status},{error},{},{}",
+            r.id, r.scheduled_ns, r.sent_ns, r.received_ns, r.warmup as u8, r.local_port
         )?;
     }
     out.flush()?;

@@ -14,6 +14,9 @@ pub struct ActBody<'a> {
     pub service: &'a str,
     pub action: &'a str,
     pub on_behalf_of: &'a str,
+    /// Bytes of padding in `params` before the id: the body's first `pad` bytes are then the
+    /// same for every request.
+    pub pad: usize,
 }
 
 #[derive(Debug)]
@@ -25,6 +28,8 @@ pub struct Target {
     path: String,
     authorization: Option<HeaderValue>,
     body_prefix: Vec<u8>,
+    /// Send the id as `x-request-id` too (most real clients send none).
+    id_header: bool,
 }
 
 impl Target {
@@ -35,6 +40,7 @@ impl Target {
         direct: bool,
         key: Option<&str>,
         body: &ActBody<'_>,
+        id_header: bool,
     ) -> anyhow::Result<Self> {
         let uri: Uri = url
             .parse()
@@ -69,8 +75,12 @@ impl Target {
             .transpose()
             .context("--key contains characters not allowed in a header")?;
         // Everything but the id is fixed, so the per-request cost is one integer format.
+        let pad = match body.pad {
+            0 => String::new(),
+            n => format!(r#""pad":"{}","#, "-".repeat(n)),
+        };
         let body_prefix = format!(
-            r#"{{"service":{},"action":{},"on_behalf_of":{},"params":{{"request_id":"#,
+            r#"{{"service":{},"action":{},"on_behalf_of":{},"params":{{{pad}"request_id":"#,
             serde_json::to_string(body.service)?,
             serde_json::to_string(body.action)?,
             serde_json::to_string(body.on_behalf_of)?,
@@ -83,6 +93,7 @@ impl Target {
             path,
             authorization,
             body_prefix,
+            id_header,
         })
     }
 
@@ -102,7 +113,9 @@ impl Target {
         let headers = request.headers_mut();
         headers.insert(HOST, self.host.clone());
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert("x-request-id", HeaderValue::from(id));
+        if self.id_header {
+            headers.insert("x-request-id", HeaderValue::from(id));
+        }
         if let Some(authorization) = &self.authorization {
             headers.insert(AUTHORIZATION, authorization.clone());
         }
@@ -118,11 +131,12 @@ mod tests {
         service: "demo",
         action: "echo",
         on_behalf_of: "user-1",
+        pad: 0,
     };
 
     #[test]
     fn body_is_valid_act_json_with_the_id() {
-        let target = Target::new("http://127.0.0.1:9", false, Some("ak_1_x"), &DEMO).unwrap();
+        let target = Target::new("http://127.0.0.1:9", false, Some("ak_1_x"), &DEMO, true).unwrap();
         let body: serde_json::Value = serde_json::from_slice(&target.body(42)).unwrap();
         assert_eq!(
             body,
@@ -134,9 +148,23 @@ mod tests {
         assert_eq!(request.headers()[AUTHORIZATION], "Bearer ak_1_x");
     }
 
+    /// Without the header and with padding, two requests' bodies agree in their first `pad`
+    /// bytes and differ only after them.
+    #[test]
+    fn anonymous_padded_bodies_differ_only_past_the_padding() {
+        let padded = ActBody { pad: 600, ..DEMO };
+        let target = Target::new("http://127.0.0.1:9", true, None, &padded, false).unwrap();
+        let (a, b) = (target.body(1), target.body(2));
+        let first_difference = a.iter().zip(b.iter()).position(|(x, y)| x != y).unwrap();
+        assert!(first_difference > 600, "{first_difference}");
+        let body: serde_json::Value = serde_json::from_slice(&a).unwrap();
+        assert_eq!(body["params"]["request_id"], 1);
+        assert!(target.request(1).headers().get("x-request-id").is_none());
+    }
+
     #[test]
     fn direct_defaults_to_echo_path_and_key_is_optional() {
-        let target = Target::new("http://127.0.0.1:9", true, None, &DEMO).unwrap();
+        let target = Target::new("http://127.0.0.1:9", true, None, &DEMO, true).unwrap();
         assert_eq!(target.request(1).uri().path(), "/echo");
         assert!(target.request(1).headers().get(AUTHORIZATION).is_none());
     }
@@ -144,9 +172,9 @@ mod tests {
     #[test]
     fn bad_urls_and_missing_key_are_refused() {
         for url in ["127.0.0.1:9", "https://127.0.0.1:9", "not a url", "http://"] {
-            assert!(Target::new(url, true, None, &DEMO).is_err(), "{url}");
+            assert!(Target::new(url, true, None, &DEMO, true).is_err(), "{url}");
         }
-        let err = Target::new("http://127.0.0.1:9", false, None, &DEMO).unwrap_err();
+        let err = Target::new("http://127.0.0.1:9", false, None, &DEMO, true).unwrap_err();
         assert!(format!("{err:#}").contains("--key is required"));
     }
 }

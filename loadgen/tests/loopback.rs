@@ -45,6 +45,12 @@ fn open_loop_achieves_the_target_rate_and_logs_every_request() {
         assert_eq!(row.status, 200);
         assert!(row.scheduled_ns <= row.sent_ns && row.sent_ns <= row.received_ns);
     }
+    // Each request names its connection: the eight keep-alive connections' ports.
+    let ports: std::collections::BTreeSet<u16> = rows.iter().map(|r| r.local_port).collect();
+    assert!(
+        ports.len() == 8 && !ports.contains(&0),
+        "connections' ports: {ports:?}"
+    );
     // The schedule is fixed: 1 ms apart.
     let span = rows.last().unwrap().scheduled_ns - rows[0].scheduled_ns;
     assert!(

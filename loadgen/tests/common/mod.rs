@@ -106,6 +106,8 @@ pub struct Row {
     pub received_ns: u64,
     pub status: u16,
     pub warmup: bool,
+    /// The connection's local port (0: never connected).
+    pub local_port: u16,
 }
 
 pub fn read_csv(path: &std::path::Path) -> Vec<Row> {
@@ -113,12 +115,12 @@ pub fn read_csv(path: &std::path::Path) -> Vec<Row> {
     let mut lines = text.lines();
     assert_eq!(
         lines.next(),
-        Some("request_id,scheduled_ns,sent_ns,received_ns,status,error,warmup")
+        Some("request_id,scheduled_ns,sent_ns,received_ns,status,error,warmup,local_port")
     );
     lines
         .map(|line| {
             let f: Vec<&str> = line.split(',').collect();
-            assert_eq!(f.len(), 7, "row {line:?}");
+            assert_eq!(f.len(), 8, "row {line:?}");
             Row {
                 id: f[0].parse().unwrap(),
                 scheduled_ns: f[1].parse().unwrap(),
@@ -126,6 +128,7 @@ pub fn read_csv(path: &std::path::Path) -> Vec<Row> {
                 received_ns: f[3].parse().unwrap(),
                 status: f[4].parse().unwrap(),
                 warmup: f[6] == "1",
+                local_port: f[7].parse().unwrap(),
             }
         })
         .collect()
