@@ -26,7 +26,8 @@ unsafe impl aya::Pod for Event {}
 pub mod kind {
     /// A probe site was hit. sub = `Site` id; args = the site's arguments.
     pub const SITE: u16 = 1;
-    /// A traced syscall returned. sub = `syscall::*`; args = [enter ts, fd, return value as i64].
+    /// A traced syscall returned. sub = `syscall::*`; args = [enter ts, [`super::fd_arg`] (the
+    /// fd and the caller's tgid), return value as i64].
     pub const SYSCALL: u16 = 2;
     /// In-context socket I/O told us which fd a `struct sock` is. args = [sk, fd, tgid].
     /// Written only when the pair is new or changed.
@@ -44,7 +45,7 @@ pub mod kind {
     /// A cpu-clock sample on a thread of the target. args = [kernel stack id, user stack id].
     pub const SAMPLE: u16 = 8;
     /// A new connection reached TCP_ESTABLISHED on a listening port of the target.
-    /// args = [sk, local port].
+    /// args = [sk, local port, remote port].
     pub const ESTABLISHED: u16 = 9;
     /// The name of a task outside the target that replaced a target thread at a switch-out,
     /// sent the first time that pid is seen (an LRU set in the kernel). tid = that task's pid
@@ -85,6 +86,18 @@ pub struct DataEvent {
 // SAFETY: repr(C): a 40-byte Event, two u32s, a byte array (560 bytes, a multiple of 8), no
 // padding.
 unsafe impl aya::Pod for DataEvent {}
+
+/// SYSCALL's and DATA's second argument: the fd the call was given (its low 32 bits) and the
+/// tgid of the process it belongs to (the high 32; fds are per process, and an accept or a
+/// connect has no other way to say whose it is).
+pub const fn fd_arg(fd: u32, tgid: u32) -> u64 {
+    (fd as u64) | ((tgid as u64) << 32)
+}
+
+/// (fd, tgid) of [`fd_arg`]; tgid 0 in records from before it carried one.
+pub const fn fd_of(arg: u64) -> (u32, u32) {
+    (arg as u32, (arg >> 32) as u32)
+}
 
 /// SWITCH_OUT's third argument: the task that took the CPU (`next_pid`; 0 = idle) and the CPU.
 pub mod switch {

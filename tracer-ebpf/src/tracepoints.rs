@@ -51,6 +51,7 @@ pub const DATA_READY_SKADDR: Field = field("skaddr", 8, 8);
 pub const SET_STATE_SKADDR: Field = field("skaddr", 8, 8);
 pub const SET_STATE_NEWSTATE: Field = field("newstate", 20, 4);
 pub const SET_STATE_SPORT: Field = field("sport", 24, 2);
+pub const SET_STATE_DPORT: Field = field("dport", 26, 2);
 pub const SET_STATE_PROTOCOL: Field = field("protocol", 30, 2);
 
 /// `sched:sched_switch`.
@@ -110,6 +111,7 @@ pub const SET_STATE_LAYOUT: Layout = Layout {
         SET_STATE_SKADDR,
         SET_STATE_NEWSTATE,
         SET_STATE_SPORT,
+        SET_STATE_DPORT,
         SET_STATE_PROTOCOL,
     ],
 };

@@ -15,8 +15,8 @@ use aya_ebpf::{
 use tracer_ebpf::{
     abi::{Drops, Offsets, kind, syscall},
     tracepoints::{
-        DATA_READY_SKADDR, LENGTH_SK, SET_STATE_NEWSTATE, SET_STATE_PROTOCOL, SET_STATE_SKADDR,
-        SET_STATE_SPORT,
+        DATA_READY_SKADDR, LENGTH_SK, SET_STATE_DPORT, SET_STATE_NEWSTATE, SET_STATE_PROTOCOL,
+        SET_STATE_SKADDR, SET_STATE_SPORT,
     },
 };
 
@@ -176,6 +176,13 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         count_drop(offset_of!(Drops, socks_added));
     }
     let _ = TARGET_SOCKS.insert(sk, FD_UNKNOWN, 0);
-    emit(now(), 0, kind::ESTABLISHED, 0, [sk, u64::from(sport), 0]);
+    let dport: u16 = field(&ctx, SET_STATE_DPORT);
+    emit(
+        now(),
+        0,
+        kind::ESTABLISHED,
+        0,
+        [sk, u64::from(sport), u64::from(dport)],
+    );
     0
 }

@@ -21,7 +21,7 @@ use aya_ebpf::{
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use tracer_ebpf::{
-    abi::{Config, DATA_BYTES, Drops, Event, kind, syscall},
+    abi::{Config, DATA_BYTES, Drops, Event, fd_arg, kind, syscall},
     tracepoints::{SYS_ENTER_BUF, SYS_ENTER_FD, SYS_EXIT_RET},
 };
 
@@ -216,7 +216,7 @@ fn exit(ret: i64, id: u16, data: bool, iov: bool) -> u32 {
     }
     // SAFETY: as above. Cheaper than deleting the entry.
     unsafe { (*slot).id = 0 };
-    let args = [call.enter_ts_ns, call.fd, ret as u64];
+    let args = [call.enter_ts_ns, fd_arg(call.fd as u32, tgid), ret as u64];
     if data && config.flags & Config::KERNEL_ONLY != 0 {
         // The rebuild reads a data syscall only for the bytes a socket moved: one that moved
         // none (EAGAIN, EOF) or moved a file's says nothing it needs.

@@ -52,7 +52,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use tracer_ebpf::abi::{Event, kind, switch, syscall};
+use tracer_ebpf::abi::{Event, fd_of, kind, switch, syscall};
 use tracer_ebpf::sites::{Phase, Site};
 
 use super::cover::{Cover, Piece};
@@ -629,6 +629,8 @@ impl Rebuilder {
     fn syscall(&mut self, ev: &Event) {
         self.threads.on_cpu(ev.ts_ns, ev.tid);
         let [enter, fd, ret] = ev.args;
+        // The fd alone: the gateway is one process, its tgid is known.
+        let fd = u64::from(fd_of(fd).0);
         let ok = (ret as i64) > 0;
         if let Some(id) = self.owner_of(ev.tid, Some(fd)) {
             if let Some(r) = self.open.get_mut(&id) {
