@@ -73,6 +73,30 @@ pub struct KernelOnly {
     /// Processes started by a target after attach and followed (nginx's workers).
     pub processes_followed: Vec<u32>,
     pub processes_exited: Vec<u32>,
+    /// How upstream requests were joined to client requests (sessions from 2026-12-04 on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joins: Option<Joins>,
+    /// Connections restarted because an accept or a connect said their fd was a new one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections_reopened: Option<u64>,
+    /// Incomplete requests by reason, as incomplete.csv words them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub incomplete_by_reason: BTreeMap<String, u64>,
+}
+
+/// How a kernel-only session joined upstream requests to client requests.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Joins {
+    /// By `x-request-id`.
+    pub by_id: u64,
+    /// The only pending client request with the upstream request's line.
+    pub only_candidate: u64,
+    /// Among identical pending ones, by the order of the answers.
+    pub by_time: u64,
+    /// Among identical pending ones, by threads, in a process that keeps a request on one
+    /// thread.
+    pub by_thread: u64,
 }
 
 /// A part's distribution over complete requests, µs.

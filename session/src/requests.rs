@@ -74,6 +74,14 @@ pub struct RequestRow {
     pub blocked_fsync_ns: Option<u64>,
     pub blocked_other_ns: u64,
     pub unattributed_ns: u64,
+    /// The client connection's remote port, where the kernel said it (sessions from
+    /// 2026-12-04 on; empty for connections accepted before the tracer attached).
+    #[serde(default)]
+    pub client_port: Option<u16>,
+    /// Where `upstream` begins, the upstream request's send (sessions from 2026-12-04 on;
+    /// empty without an upstream request).
+    #[serde(default)]
+    pub t_upstream_ns: Option<u64>,
 }
 
 impl RequestRow {
@@ -90,6 +98,7 @@ impl RequestRow {
         .iter()
         .map(|c| (*c).to_owned())
         .chain(PARTS.iter().map(|p| format!("{p}_ns")))
+        .chain(["client_port".to_owned(), "t_upstream_ns".to_owned()])
         .collect()
     }
 
@@ -183,6 +192,8 @@ mod tests {
             t_done_ns: 6_000,
             total_ns: 5_000,
             overhead_ns: 4_000,
+            client_port: Some(53412),
+            t_upstream_ns: Some(1_100),
             ..RequestRow::default()
         }
         .with_parts(std::array::from_fn(|i| i as u64 * 10))
@@ -199,7 +210,7 @@ mod tests {
         w.serialize(row()).unwrap();
         let bytes = w.into_inner().unwrap();
         let text = String::from_utf8(bytes.clone()).unwrap();
-        assert!(text.ends_with("7,200,1000,6000,5000,4000,0,10,20,30,40,50,60,70,80,90,100,110,120,130,140,150,160,170,180\n"), "{text}");
+        assert!(text.ends_with("7,200,1000,6000,5000,4000,0,10,20,30,40,50,60,70,80,90,100,110,120,130,140,150,160,170,180,53412,1100\n"), "{text}");
         let back: Vec<RequestRow> = rows(bytes.as_slice()).collect::<Result<_, _>>().unwrap();
         assert_eq!(back, [row()]);
         assert_eq!(back[0].parts()[5], 50);
@@ -210,7 +221,7 @@ mod tests {
         let text = RequestRow::header()
             .join(",")
             .replace("ledger_fsync_ns", "fsync_ns")
-            + "\n7,200,1000,6000,5000,4000,0,10,20,30,40,50,60,70,80,90,100,110,120,130,140,150,160,170,180\n";
+            + "\n7,200,1000,6000,5000,4000,0,10,20,30,40,50,60,70,80,90,100,110,120,130,140,150,160,170,180,,\n";
         let err = rows::<RequestRow, _>(text.as_bytes())
             .next()
             .unwrap()
@@ -220,9 +231,16 @@ mod tests {
 
     #[test]
     fn a_session_before_the_cpu_and_kernel_only_columns_reads_them_as_zero() {
+        let later = [
+            "cpu_ns",
+            "queued_ns",
+            "blocked.fsync_ns",
+            "client_port",
+            "t_upstream_ns",
+        ];
         let header: Vec<String> = RequestRow::header()
             .into_iter()
-            .filter(|c| !["cpu_ns", "queued_ns", "blocked.fsync_ns"].contains(&c.as_str()))
+            .filter(|c| !later.contains(&c.as_str()))
             .collect();
         let text = header.join(",")
             + "\n7,200,1000,6000,5000,4000,0,10,20,30,40,60,70,80,90,100,110,120,130,140,150,160\n";
@@ -231,6 +249,7 @@ mod tests {
             (back.cpu_ns, back.queued_ns, back.blocked_fsync_ns),
             (None, None, None)
         );
+        assert_eq!((back.client_port, back.t_upstream_ns), (None, None));
         assert_eq!(back.parts()[5], 0);
         assert_eq!(back.parts()[6], 60);
         assert_eq!(back.parts()[15..], [0, 0, 150, 160]);

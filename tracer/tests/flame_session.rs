@@ -92,6 +92,8 @@ fn record(i: u64) -> RequestRecord {
         status: 200,
         t_arrive_ns: t0,
         t_done_ns: at,
+        client_port: None,
+        upstream_start_ns: None,
         parts,
         slices,
         samples: vec![sample(0), sample(1)],

@@ -122,7 +122,7 @@ fn nginx_worker_followed_and_request_bytes_captured() {
     let bins = build_binaries();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let (_upstream, upstream) = mock_upstream(&bins, 0, "0-1");
+    let (_upstream, upstream) = mock_upstream(&bins, "0", "0-1", None);
     let port = free_port().unwrap();
     let spawn = Proxy::Nginx
         .spawn(&installed(Proxy::Nginx), root, port, &upstream)

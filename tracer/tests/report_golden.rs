@@ -139,7 +139,10 @@ fn files_are_consistent_with_each_other() {
         ),
         "{header}"
     );
-    assert!(header.ends_with(",unattributed_ns"), "{header}");
+    assert!(
+        header.ends_with(",unattributed_ns,client_port,t_upstream_ns"),
+        "{header}"
+    );
     let rows: Vec<RequestRow> = session::requests::rows(csv.as_bytes())
         .collect::<Result<_, _>>()
         .unwrap();

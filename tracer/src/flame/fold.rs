@@ -227,6 +227,8 @@ mod tests {
             status: 200,
             t_arrive_ns: 0,
             t_done_ns: 2000,
+            client_port: None,
+            upstream_start_ns: None,
             parts,
             slices: vec![],
             samples: vec![

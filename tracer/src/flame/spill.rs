@@ -274,6 +274,8 @@ fn decode(body: &[u8]) -> Option<RequestRecord> {
         status,
         t_arrive_ns,
         t_done_ns,
+        client_port: None,
+        upstream_start_ns: None,
         parts,
         slices,
         samples,
@@ -352,6 +354,8 @@ mod tests {
             status: 200,
             t_arrive_ns: 1_000_000_000_000,
             t_done_ns: 1_000_000_000_100,
+            client_port: None,
+            upstream_start_ns: None,
             parts,
             slices: vec![
                 Slice {

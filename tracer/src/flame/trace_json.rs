@@ -349,6 +349,8 @@ mod tests {
             status: 200,
             t_arrive_ns: t0,
             t_done_ns: slices.last().unwrap().1,
+            client_port: None,
+            upstream_start_ns: None,
             parts,
             slices: slices
                 .iter()

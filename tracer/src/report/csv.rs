@@ -24,6 +24,8 @@ pub(crate) fn row(r: &RequestRecord) -> RequestRow {
         t_done_ns: r.t_done_ns,
         total_ns: r.total_ns(),
         overhead_ns: r.overhead_ns(),
+        client_port: r.client_port,
+        t_upstream_ns: r.upstream_start_ns,
         ..RequestRow::default()
     }
     .with_parts(r.parts)
@@ -62,7 +64,7 @@ mod tests {
         let text = RequestRow::header()
             .join(",")
             .replace("t_done_ns", "t_end_ns")
-            + "\n1,200,0,5,5,5,0,0,0,0,0,5,0,0,0,0,0,0,0,0,0,0,0,0,0\n";
+            + "\n1,200,0,5,5,5,0,0,0,0,0,5,0,0,0,0,0,0,0,0,0,0,0,0,0,,\n";
         let err = for_each_row(text.as_bytes(), |_| {}).unwrap_err();
         assert!(format!("{err:#}").contains("t_end_ns"), "{err:#}");
     }

@@ -5,20 +5,19 @@
 //! [`ledger`] (the writer's fsync and signing intervals), [`cpus`] (who ran on each CPU),
 //! [`cover`] (slices → parts); [`wait`] reads them back to say what held the CPU while a request waited.
 //!
-//! A kernel-only session (a proxy without probe sites) has [`KernelOnlyRebuilder`] instead:
-//! [`http`] finds the exchanges in the data syscalls' bytes, [`exchange_parts`] splits each on
+//! A kernel-only session (a proxy without probe sites) has [`KernelOnlyRebuilder`] instead
+//! ([`kernel_only`]): it finds the exchanges in the data syscalls' bytes and splits each on
 //! the same thread states, sockets and cover.
 
 mod cover;
 mod cpus;
-mod exchange_parts;
 mod held;
-pub mod http;
 pub mod kernel;
 pub mod kernel_only;
 mod ledger;
 pub mod outcome;
 mod rebuild;
+mod recent;
 mod session_rebuilder;
 mod sockets;
 pub mod synthetic;

@@ -131,6 +131,11 @@ pub struct RequestRecord {
     pub t_arrive_ns: u64,
     /// Entry of the write that sent the last byte of the response.
     pub t_done_ns: u64,
+    /// The client connection's remote port, where the kernel said it (connections accepted
+    /// while traced).
+    pub client_port: Option<u16>,
+    /// Where its `upstream` part begins (the upstream request's send); `None` without one.
+    pub upstream_start_ns: Option<u64>,
     /// ns per part, indexed by [`Part::index`]; sums to `t_done_ns - t_arrive_ns`.
     pub parts: [u64; PARTS],
     /// The request's timeline, in time order, covering `[t_arrive, t_done]` without gaps.

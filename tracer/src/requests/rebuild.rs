@@ -44,13 +44,13 @@
 //!   within [`MAX_OPEN_NS`]. Later events for a finished id are ignored.
 //! - Requests are keyed by the gateway's probe id (`RequestBegin` a0, unique per process);
 //!   outcomes carry the client's `x-request-id` (a2; 0 from a gateway that passes none: the
-//!   probe id). A begin whose client id or probe id was seen among the last [`RECENT_IDS`]
+//!   probe id). A begin whose client id or probe id was seen among the last [`RECENT_IDS`](super::recent::RECENT_IDS)
 //!   is reported incomplete ("duplicate id"), not dropped.
 //! - Outcomes are held for [`HOLD_NS`](super::HOLD_NS) of event time after they are decided, so a loss
 //!   reported late (the loss counter is polled) still turns the requests it overlaps into
 //!   `Incomplete`. They come out ordered by (decision ts = `t_done` for complete ones, req id).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 
 use tracer_ebpf::abi::{Event, fd_of, kind, switch, syscall};
 use tracer_ebpf::sites::{Phase, Site};
@@ -61,6 +61,7 @@ use super::held::{Held, incomplete, overlaps};
 use super::kernel::KernelStats;
 use super::ledger::WriterLog;
 use super::outcome::{Hits, Outcome, Part, RequestRecord, StackSample};
+use super::recent::RecentIds;
 use super::sockets::Sockets;
 use super::threads::{RunState, SchedEv, Threads};
 use super::wait::{self, Activity, Selection, Sources};
@@ -71,7 +72,6 @@ pub const MARGIN_NS: u64 = 1_000_000_000;
 pub const MAX_OPEN_NS: u64 = 10_000_000_000;
 const MAINTAIN_EVERY_NS: u64 = 100_000_000;
 /// Finished ids remembered so their late events are ignored.
-const RECENT_IDS: usize = 1 << 17;
 
 #[derive(Clone, Copy, Debug)]
 struct PollSpan {
@@ -167,30 +167,6 @@ struct OpenRequest {
     hits: Hits,
 }
 
-/// Ids of recently finished requests (bounded, oldest forgotten first).
-#[derive(Default)]
-struct RecentIds {
-    order: VecDeque<u64>,
-    set: HashSet<u64>,
-}
-
-impl RecentIds {
-    fn insert(&mut self, id: u64) {
-        if self.set.insert(id) {
-            self.order.push_back(id);
-            if self.order.len() > RECENT_IDS
-                && let Some(old) = self.order.pop_front()
-            {
-                self.set.remove(&old);
-            }
-        }
-    }
-
-    fn contains(&self, id: u64) -> bool {
-        self.set.contains(&id)
-    }
-}
-
 /// Rebuilds requests from the event stream. Feed events in non-decreasing ts with
 /// [`Rebuilder::push`], report loss spans with [`Rebuilder::lost`], and collect outcomes with
 /// [`Rebuilder::drain`] and, at the end, [`Rebuilder::finish`].
@@ -283,7 +259,10 @@ impl Rebuilder {
                 }
             }
             kind::DATA_READY => self.data_ready(ev),
-            kind::ESTABLISHED => self.sockets.established(ev.ts_ns, ev.args[0]),
+            kind::ESTABLISHED => {
+                let port = u16::try_from(ev.args[2]).ok().filter(|&p| p != 0);
+                self.sockets.established(ev.ts_ns, ev.args[0], port)
+            }
             kind::SWITCH_OUT => {
                 if self.wait_for {
                     let (next_pid, cpu) = switch::unpack(ev.args[2]);
@@ -885,6 +864,11 @@ impl Rebuilder {
             status,
             t_arrive_ns: t_arrive,
             t_done_ns: t_done,
+            client_port: self
+                .sockets
+                .sk_of(req.client_fd)
+                .and_then(|sk| self.sockets.peer_port(sk)),
+            upstream_start_ns: req.upstream.map(|up| up.send.max(t_arrive)),
             parts: built.parts,
             slices: built.slices,
             // A sample taken before the first phase site had no phase yet: that time is parse.

@@ -10,10 +10,6 @@ use super::kernel::KernelStats;
 use super::{KernelOnlyRebuilder, Outcome, Rebuilder};
 use crate::events::data::Data;
 
-#[expect(
-    clippy::large_enum_variant,
-    reason = "one per session, never moved in a loop"
-)]
 pub enum SessionRebuilder {
     Exact(Rebuilder),
     KernelOnly(KernelOnlyRebuilder),

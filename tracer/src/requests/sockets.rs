@@ -48,6 +48,9 @@ pub(crate) struct Sockets {
     fds: HashMap<u64, FdState>,
     sks: HashMap<u64, SkState>,
     fd_of_sk: HashMap<u64, u64>,
+    /// The remote port of each socket ESTABLISHED said, while the socket has its fd (or is
+    /// unclaimed): the client's, for a client connection.
+    ports: HashMap<u64, u16>,
     /// ESTABLISHED sks on a listening port not yet read by the target, and when.
     unclaimed: HashMap<u64, u64>,
     /// Of those, how many were never read before the prune horizon passed them (never
@@ -63,6 +66,7 @@ impl Sockets {
             && old != sk
         {
             self.fd_of_sk.remove(&old);
+            self.ports.remove(&old);
         }
         self.fd_of_sk.insert(sk, fd);
         self.unclaimed.remove(&sk);
@@ -72,6 +76,7 @@ impl Sockets {
     pub(crate) fn accepted(&mut self, fd: u64) {
         if let Some(old) = self.fds.remove(&fd).and_then(|s| s.sk) {
             self.fd_of_sk.remove(&old);
+            self.ports.remove(&old);
         }
         self.mark_client(fd);
     }
@@ -80,6 +85,7 @@ impl Sockets {
     pub(crate) fn connected(&mut self, fd: u64) {
         if let Some(old) = self.fds.remove(&fd).and_then(|s| s.sk) {
             self.fd_of_sk.remove(&old);
+            self.ports.remove(&old);
         }
     }
 
@@ -92,9 +98,18 @@ impl Sockets {
     }
 
     /// A new connection reached ESTABLISHED: a reused sk pointer starts a fresh history.
-    pub(crate) fn established(&mut self, ts: u64, sk: u64) {
+    pub(crate) fn established(&mut self, ts: u64, sk: u64, remote_port: Option<u16>) {
         self.sks.insert(sk, SkState::default());
         self.unclaimed.insert(sk, ts);
+        match remote_port {
+            Some(port) => self.ports.insert(sk, port),
+            None => self.ports.remove(&sk),
+        };
+    }
+
+    /// The remote port of `sk`, if its ESTABLISHED said it.
+    pub(crate) fn peer_port(&self, sk: u64) -> Option<u16> {
+        self.ports.get(&sk).copied()
     }
 
     pub(crate) fn data_ready(&mut self, ts: u64, sk: u64) {
@@ -149,7 +164,14 @@ impl Sockets {
     /// could miss is removed entirely, so closed connections do not accumulate.
     pub(crate) fn prune(&mut self, horizon: u64) {
         let before = self.unclaimed.len();
-        self.unclaimed.retain(|_, &mut ts| ts >= horizon);
+        let ports = &mut self.ports;
+        self.unclaimed.retain(|sk, &mut ts| {
+            let keep = ts >= horizon;
+            if !keep {
+                ports.remove(sk);
+            }
+            keep
+        });
         self.never_claimed += (before - self.unclaimed.len()) as u64;
         self.sks.retain(|_, s| {
             while s.ready.front().is_some_and(|&t| t < horizon) {

@@ -242,6 +242,8 @@ pub fn record_of_parts(
         status,
         t_arrive_ns,
         t_done_ns: t_arrive_ns + parts.iter().sum::<u64>(),
+        client_port: None,
+        upstream_start_ns: None,
         parts,
         slices: Vec::new(),
         samples: Vec::new(),

@@ -164,15 +164,23 @@ pub fn installed(proxy: Proxy) -> PathBuf {
     harness::procs::installed_proxy(proxy).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// mock-upstream answering after `delay_ms`, pinned to `cpu`: the process and its address
-/// (host:port).
-pub fn mock_upstream(bins: &Binaries, delay_ms: u64, cpu: &str) -> (Proc, String) {
-    let mut mock = start(
-        Spawn::new("mock-upstream", &bins.mock_upstream)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(["--delay-ms", &delay_ms.to_string()])
-            .cpus(Some(cpu)),
-    );
+/// mock-upstream answering after `delay_ms` (ms, or a range `MIN-MAX` drawn from per
+/// request), pinned to `cpu`, logging every request to `log` if given: the process and its
+/// address (host:port).
+pub fn mock_upstream(
+    bins: &Binaries,
+    delay_ms: &str,
+    cpu: &str,
+    log: Option<&Path>,
+) -> (Proc, String) {
+    let mut spawn = Spawn::new("mock-upstream", &bins.mock_upstream)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(["--delay-ms", delay_ms])
+        .cpus(Some(cpu));
+    if let Some(log) = log {
+        spawn = spawn.arg("--log-requests").arg(log);
+    }
+    let mut mock = start(spawn);
     let addr = wait_listening(&mut mock);
     (mock, addr)
 }

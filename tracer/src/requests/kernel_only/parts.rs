@@ -19,9 +19,9 @@
 //! The syscalls themselves: on CPU is `cpu`, off CPU as a gap's. A thread whose state is
 //! unknown gives `unattributed`, never a guess.
 
-use super::cover::{Built, Cover, Piece};
-use super::outcome::Part;
-use super::threads::{RunState, Threads};
+use crate::requests::cover::{Built, Cover, Piece};
+use crate::requests::outcome::Part;
+use crate::requests::threads::{RunState, Threads};
 
 /// One syscall of an exchange.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +84,9 @@ pub(crate) fn split(m: &Milestones, ctx: &impl Context) -> Result<Built, &'stati
     cover.build(m.arrive, m.done)
 }
 
-/// `[from, to)`, which ends at the enter of one of the exchange's syscalls.
+/// `[from, to)`, which ends at the enter of one of the exchange's syscalls. `ios` are sorted by
+/// enter; one pass over them, each visited once, so a syscall whose exit reads before its
+/// enter (clamped to the arrival) cannot stall the walk.
 fn interval(
     cover: &mut Cover,
     ctx: &impl Context,
@@ -95,7 +97,6 @@ fn interval(
     if from >= to {
         return Ok(());
     }
-    let next_at = |t: u64| ios.iter().find(|io| io.enter >= t && io.enter <= to);
     let mut at = from;
     let mut gap = Gap::LeadIn;
     // A syscall in progress at `from` (a blocking read entered before the data came).
@@ -104,23 +105,32 @@ fn interval(
         at = io.exit.min(to);
         gap = Gap::After { prev: io.tid };
     }
+    let mut next = ios.partition_point(|io| io.enter < at);
     while at < to {
-        let Some(io) = next_at(at) else {
+        let Some(io) = ios.get(next).filter(|io| io.enter <= to) else {
             return Err("exchange syscalls missing");
         };
+        next += 1;
         waiting(cover, ctx, io.tid, at, io.enter.min(to), gap)?;
         if io.enter >= to {
             break;
         }
         own(cover, ctx, io, io.enter, io.exit.min(to))?;
-        at = io.exit.min(to).max(io.enter);
+        at = at.max(io.enter).max(io.exit.min(to));
         gap = Gap::After { prev: io.tid };
+        // Syscalls that began inside the one just walked are inside it.
+        while ios.get(next).is_some_and(|io| io.enter < at) {
+            next += 1;
+        }
     }
     Ok(())
 }
 
 /// `[a, b)` inside one of the exchange's own syscalls.
 fn own(cover: &mut Cover, ctx: &impl Context, io: &Io, a: u64, b: u64) -> Result<(), &'static str> {
+    if a >= b {
+        return Ok(());
+    }
     states(cover, ctx, io.tid, a, b, true, |state, s, e| match state {
         RunState::OnCpu => vec![(s, e, Part::OnCpu)],
         RunState::Preempted | RunState::Runnable => vec![(s, e, Part::Scheduling)],
@@ -214,8 +224,8 @@ fn states(
 
 #[cfg(test)]
 mod tests {
-    use super::super::threads::SchedEv;
     use super::*;
+    use crate::requests::threads::SchedEv;
 
     #[derive(Default)]
     struct Ctx {
@@ -367,6 +377,19 @@ mod tests {
             parts(&event_loop(), &ctx),
             [("upstream", 5_000), ("cpu", 300), ("unattributed", 100)]
         );
+    }
+
+    /// Issue 31, finding 1: a syscall that exited before the arrival reads, clamped, as
+    /// exiting before it entered; the walk never moved past it and the root tracer spun
+    /// forever, its session lost.
+    #[test]
+    fn issue31_finding1_a_clamped_syscall_cannot_hang_the_split() {
+        let mut ctx = Ctx::default();
+        ctx.threads.sched(90, 1, SchedEv::In);
+        let mut m = event_loop();
+        m.ios.push(io(5_320, 5_310, 1));
+        let built = split(&m, &ctx).unwrap();
+        assert_eq!(built.parts.iter().sum::<u64>(), m.done - m.arrive);
     }
 
     #[test]

@@ -1,33 +1,39 @@
 //! The rebuild of a kernel-only session: the same event stream as the exact mode, plus the
 //! data syscalls' bytes, in; one [`Outcome`] per proxied request out (`docs/model.md`,
-//! "Kernel-only mode"). [`http::Joiner`] finds the exchanges in the bytes; the run states,
-//! sockets and cover are the exact mode's own; [`exchange_parts`] splits each exchange.
+//! "Kernel-only mode"). The [`Joiner`] finds the exchanges in the bytes; the run states,
+//! sockets and cover are the exact mode's own; [`parts`](super::parts) splits each exchange.
 //!
 //! Choices, each covered by a test:
 //! - fds are per process: a socket is keyed by (tgid, fd), as `SOCK_FD` and the data records
-//!   name them.
+//!   name them. An accept's new fd and a connect's fd start a new connection in the joiner.
 //! - A receive's arrival is the first data-ready on its socket since the last send on it,
 //!   taken when the receive is seen (later sends move that mark on).
 //! - Without a data-ready for an exchange's first request byte (or the upstream reply), the
 //!   receive's enter stands in, and the session counts it (`Stats::arrival_from_syscall`).
 //! - An exchange the proxy answered itself (no upstream request) has an empty `upstream`.
-//! - Requests are keyed by their `x-request-id` ([`http::id_key`]); one without an id by its
-//!   joiner serial.
+//! - Requests are keyed by their `x-request-id` ([`joiner::id_key`]); one without an id by
+//!   [`ANONYMOUS`] | its joiner serial. A key seen among the last `RECENT_IDS` outcomes
+//!   (two ids hashing alike, or a numeric id equal to another's key) makes the later one
+//!   incomplete ("duplicate id"), so no two rows share a key.
 //! - A loss span over an exchange makes it incomplete, as in the exact mode.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
-use tracer_ebpf::abi::{Event, kind, syscall};
+use tracer_ebpf::abi::{Event, fd_of, kind, syscall};
 
-use super::exchange_parts::{self, Context, Io, Milestones};
-use super::held::{Held, incomplete, overlaps};
-use super::http::{self, Assignment, Joiner, Output, Role};
-use super::ledger::{Interval, overlapping};
-use super::outcome::{Hits, Outcome, RequestRecord};
-use super::rebuild::{MARGIN_NS, MAX_OPEN_NS};
-use super::sockets::Sockets;
-use super::threads::{SchedEv, Threads};
+use super::joiner::{self, Assignment, Joiner, Opened, Output, Role};
+use super::parts::{self, Context, Io, Milestones};
 use crate::events::data::{Data, Direction};
+use crate::requests::held::{Held, incomplete, overlaps};
+use crate::requests::ledger::{Interval, overlapping};
+use crate::requests::outcome::{Hits, Outcome, RequestRecord};
+use crate::requests::rebuild::{MARGIN_NS, MAX_OPEN_NS};
+use crate::requests::recent::RecentIds;
+use crate::requests::sockets::Sockets;
+use crate::requests::threads::{SchedEv, Threads};
+
+/// The high bit of the key of a request without an `x-request-id`: its joiner serial below it.
+pub const ANONYMOUS: u64 = 1 << 63;
 
 const MAINTAIN_EVERY_NS: u64 = 100_000_000;
 
@@ -42,13 +48,16 @@ pub struct Stats {
     /// Exchanges whose arrival (or upstream reply) was a receive's enter, for want of the
     /// socket's data-ready.
     pub arrival_from_syscall: u64,
+    /// Incomplete outcomes by reason.
+    pub incomplete: BTreeMap<String, u64>,
 }
 
-/// A data syscall of one thread, and the exchange it moved bytes for.
+/// A data syscall of one thread, and whether it moved bytes for an exchange.
 #[derive(Clone, Copy, Debug)]
 struct Busy {
     exit: u64,
-    serial: Option<u64>,
+    seq: u64,
+    assigned: bool,
 }
 
 #[derive(Default)]
@@ -64,6 +73,11 @@ pub struct KernelOnlyRebuilder {
     fsyncs: VecDeque<Interval>,
     losses: Vec<(u64, u64)>,
     held: Held,
+    /// Keys of recent outcomes: a repeated one is a duplicate.
+    keys: RecentIds,
+    /// Threads' processes, from the data records (an accept or connect names only its thread
+    /// where the kernel did not pack the tgid in).
+    tgid_of: HashMap<u32, u32>,
     next_maintenance: u64,
     stats: Stats,
 }
@@ -101,12 +115,27 @@ impl KernelOnlyRebuilder {
             })
             .collect();
         let exits: Vec<String> = self.stats.exits.iter().map(u32::to_string).collect();
+        let reasons: Vec<String> = self
+            .stats
+            .incomplete
+            .iter()
+            .map(|(reason, n)| format!("{reason}={n}"))
+            .collect();
         format!(
-            "{} client requests: {} exchanges, {} incomplete; unsupported [{}]; \
-             arrivals from a receive {}; forks followed [{}]; exits [{}]",
+            "{} client requests: {} exchanges, {} incomplete [{}]; joined by id {}, as the only \
+             candidate {}, by the answers' order {}, by threads {} (joins that kept a thread {}, \
+             that moved {}); unsupported [{}]; arrivals from a receive {}; forks followed [{}]; \
+             exits [{}]",
             c.client_requests,
             c.exchanges,
             c.incompletes,
+            reasons.join(", "),
+            c.joins.by_id,
+            c.joins.only_candidate,
+            c.joins.by_time,
+            c.joins.by_thread,
+            self.joiner.affinity().0,
+            self.joiner.affinity().1,
             unsupported.join(" "),
             self.stats.arrival_from_syscall,
             forks.join(" "),
@@ -131,11 +160,19 @@ impl KernelOnlyRebuilder {
             arrival_from_syscall: self.stats.arrival_from_syscall,
             processes_followed: self.stats.forks.iter().map(|f| f.0).collect(),
             processes_exited: self.stats.exits.clone(),
+            joins: Some(session::breakdown::Joins {
+                by_id: c.joins.by_id,
+                only_candidate: c.joins.only_candidate,
+                by_time: c.joins.by_time,
+                by_thread: c.joins.by_thread,
+            }),
+            connections_reopened: Some(c.reopened),
+            incomplete_by_reason: self.stats.incomplete.clone(),
         }
     }
 
     /// What the joiner counted: exchanges, unsupported connections by kind, and the rest.
-    pub fn counts(&self) -> &http::Counts {
+    pub fn counts(&self) -> &joiner::Counts {
         self.joiner.counts()
     }
 
@@ -157,13 +194,31 @@ impl KernelOnlyRebuilder {
         match ev.kind {
             kind::SYSCALL => {
                 self.threads.on_cpu(ev.ts_ns, ev.tid);
-                if syscall::is_sync(ev.sub) {
-                    self.fsyncs.push_back(Interval {
+                let (fd, tgid) = fd_of(ev.args[1]);
+                let tgid = match tgid {
+                    0 => self.tgid_of.get(&ev.tid).copied(),
+                    t => Some(t),
+                };
+                match ev.sub {
+                    s if syscall::is_sync(s) => self.fsyncs.push_back(Interval {
                         start: ev.args[0],
                         end: ev.ts_ns,
                         tid: ev.tid,
-                    });
+                    }),
+                    syscall::ACCEPT if (ev.args[2] as i64) >= 0 => {
+                        if let Some(tgid) = tgid {
+                            let new_fd = ev.args[2] as u32;
+                            self.joiner.opened(tgid, new_fd, Opened::Accepted, ev.ts_ns);
+                        }
+                    }
+                    syscall::CONNECT => {
+                        if let Some(tgid) = tgid {
+                            self.joiner.opened(tgid, fd, Opened::Connected, ev.ts_ns);
+                        }
+                    }
+                    _ => {}
                 }
+                self.take_outputs();
             }
             kind::SOCK_FD => {
                 self.threads.on_cpu(ev.ts_ns, ev.tid);
@@ -171,13 +226,17 @@ impl KernelOnlyRebuilder {
                 self.sockets.sock_fd(sk, sock_key(tgid, fd));
             }
             kind::DATA_READY => self.sockets.data_ready(ev.ts_ns, ev.args[0]),
-            kind::ESTABLISHED => self.sockets.established(ev.ts_ns, ev.args[0]),
+            kind::ESTABLISHED => {
+                let port = u16::try_from(ev.args[2]).ok().filter(|&p| p != 0);
+                self.sockets.established(ev.ts_ns, ev.args[0], port)
+            }
             kind::SWITCH_OUT | kind::SWITCH_IN | kind::WAKEUP => {
                 if let Some(sched) = SchedEv::of(ev) {
                     self.threads.sched(ev.ts_ns, ev.tid, sched);
                 }
             }
             kind::PROCESS if ev.sub == 0 => {
+                self.tgid_of.insert(ev.tid, ev.tid);
                 self.stats
                     .forks
                     .push((ev.tid, ev.args[0] as u32, ev.args[1] != 0))
@@ -193,26 +252,27 @@ impl KernelOnlyRebuilder {
             return;
         }
         self.threads.on_cpu(d.exit_ns, d.tid);
+        self.tgid_of.insert(d.tid, d.tgid);
         let key = sock_key(d.tgid, d.fd);
+        let seq = self.joiner.next_seq();
         match d.direction() {
             Direction::Receive => {
                 let ready = self.sockets.pending_arrival(key).ok();
-                let seq = self.joiner.next_seq();
                 self.ready_of_seq.push_back((seq, d.exit_ns, ready));
             }
             Direction::Send => self.sockets.sent(key, d.enter_ns),
         }
-        let serial = match self.joiner.push(d) {
-            Assignment::To { serial, .. } => Some(serial),
-            Assignment::None | Assignment::Deferred => None,
-        };
+        let port = self
+            .sockets
+            .sk_of(key)
+            .and_then(|sk| self.sockets.peer_port(sk));
+        let assigned = !matches!(self.joiner.push(d, port), Assignment::None);
         self.busy.entry(d.tid).or_default().push_back(Busy {
             exit: d.exit_ns,
-            serial,
+            seq,
+            assigned,
         });
-        for output in self.joiner.take() {
-            self.decide(output);
-        }
+        self.take_outputs();
         self.after_event();
     }
 
@@ -244,7 +304,7 @@ impl KernelOnlyRebuilder {
         }
     }
 
-    /// Outcomes decided at least [`HOLD_NS`](super::HOLD_NS) ago, in order.
+    /// Outcomes decided at least [`HOLD_NS`](crate::requests::HOLD_NS) ago, in order.
     pub fn drain(&mut self) -> Vec<Outcome> {
         self.held.drain(self.now)
     }
@@ -258,24 +318,31 @@ impl KernelOnlyRebuilder {
         self.held.take_all()
     }
 
+    fn take_outputs(&mut self) {
+        for output in self.joiner.take() {
+            self.decide(output);
+        }
+    }
+
     fn decide(&mut self, output: Output) {
         let serial = output.serial();
+        let id = output.request().key().unwrap_or(ANONYMOUS | serial);
+        let duplicate = self.keys.contains(id);
+        self.keys.insert(id);
         let (key_ts, outcome) = match output {
-            Output::Exchange(http::Exchange { request: ex, .. }) => {
-                let id = ex.key().unwrap_or(serial);
-                match self.record(&ex, id) {
-                    Ok(r) => (r.t_done_ns, Outcome::Complete(r)),
-                    Err(reason) => {
-                        let done = ex.syscalls.iter().map(|s| s.exit_ns).max();
-                        (done.unwrap_or(self.now), incomplete(id, reason))
-                    }
+            _ if duplicate => (self.now, incomplete(id, "duplicate id")),
+            Output::Exchange(joiner::Exchange { request: ex, .. }) => match self.record(&ex, id) {
+                Ok(r) => (r.t_done_ns, Outcome::Complete(r)),
+                Err(reason) => {
+                    let done = ex.syscalls.iter().map(|s| s.exit_ns).max();
+                    (done.unwrap_or(self.now), incomplete(id, reason))
                 }
-            }
-            Output::Incomplete(inc) => {
-                let id = inc.request.key().unwrap_or(serial);
-                (self.now, incomplete(id, &inc.reason.to_string()))
-            }
+            },
+            Output::Incomplete(inc) => (self.now, incomplete(id, &inc.reason.to_string())),
         };
+        if let Outcome::Incomplete(i) = &outcome {
+            *self.stats.incomplete.entry(i.reason.clone()).or_default() += 1;
+        }
         self.held.insert(key_ts, serial, outcome);
     }
 
@@ -288,7 +355,7 @@ impl KernelOnlyRebuilder {
     }
 
     /// The exchange's milestones and parts.
-    fn record(&mut self, ex: &http::Request, id: u64) -> Result<RequestRecord, &'static str> {
+    fn record(&mut self, ex: &joiner::Request, id: u64) -> Result<RequestRecord, &'static str> {
         let of_role = |role: Role| ex.syscalls.iter().filter(move |s| s.role == role);
         let first = |role: Role| of_role(role).min_by_key(|s| s.seq);
         let last = |role: Role| of_role(role).max_by_key(|s| s.seq);
@@ -336,13 +403,15 @@ impl KernelOnlyRebuilder {
                     exit: s.exit_ns,
                     tid: s.tid,
                 })
+                // Over before the arrival: nothing of the exchange's interval.
+                .filter(|io| io.exit > io.enter)
                 .collect(),
         };
-        let built = exchange_parts::split(
+        let built = parts::split(
             &milestones,
             &Ctx {
                 rebuild: self,
-                serial: ex.serial,
+                own: ex.syscalls.iter().map(|s| s.seq).collect(),
             },
         )?;
         Ok(RequestRecord {
@@ -350,6 +419,8 @@ impl KernelOnlyRebuilder {
             status: ex.status.unwrap_or(0),
             t_arrive_ns: arrive,
             t_done_ns: done,
+            client_port: ex.client_port,
+            upstream_start_ns: ex.upstream_fd.map(|_| upstream_send),
             parts: built.parts,
             slices: built.slices,
             samples: Vec::new(),
@@ -391,7 +462,8 @@ impl KernelOnlyRebuilder {
 /// The split's view of the rebuild, for one exchange.
 struct Ctx<'a> {
     rebuild: &'a KernelOnlyRebuilder,
-    serial: u64,
+    /// The `seq` of its syscalls.
+    own: HashSet<u64>,
 }
 
 impl Context for Ctx<'_> {
@@ -405,7 +477,7 @@ impl Context for Ctx<'_> {
         log.range(..end)
             .rev()
             .take_while(|b| b.exit > from)
-            .find(|b| b.serial.is_some_and(|s| s != self.serial))
+            .find(|b| b.assigned && !self.own.contains(&b.seq))
             .map(|b| b.exit)
     }
 
@@ -428,7 +500,7 @@ impl Context for Ctx<'_> {
 
 #[cfg(test)]
 mod tests {
-    use tracer_ebpf::abi::syscall;
+    use tracer_ebpf::abi::{fd_arg, syscall};
 
     use super::*;
     use crate::requests::{Incomplete, Part};
@@ -701,5 +773,86 @@ mod tests {
         // The joiner's first serial; no id to parse.
         assert_ne!(req.req_id, 42);
         assert_eq!(req.part_ns(Part::Upstream), 6_200 - 1_190);
+    }
+
+    /// Issue 31, finding 5: a numeric id equal to another id's hash, or to an id-less
+    /// request's serial, overwrote one row with the other in the accuracy join. A repeated key
+    /// is a duplicate, never a second row; id-less keys are apart from numeric ids.
+    #[test]
+    fn issue31_finding5_a_repeated_key_is_a_duplicate_not_an_overwrite() {
+        let with_id = |id: &str| -> Vec<In> {
+            event_loop()
+                .into_iter()
+                .map(|input| match input {
+                    In::Data(mut d) => {
+                        let text = String::from_utf8(d.bytes)
+                            .unwrap()
+                            .replace("x-request-id: 42", &format!("x-request-id: {id}"));
+                        d.len = text.len() as u64;
+                        d.bytes = text.into_bytes();
+                        In::Data(d)
+                    }
+                    other => other,
+                })
+                .collect()
+        };
+        let colliding = joiner::id_key("a").to_string();
+        let mut stream = with_id("a");
+        let later: Vec<In> = with_id(&colliding)
+            .into_iter()
+            .map(|input| match input {
+                In::Ev(e) => In::Ev(Event {
+                    ts_ns: e.ts_ns + 10_000,
+                    ..e
+                }),
+                In::Data(d) => In::Data(Data {
+                    enter_ns: d.enter_ns + 10_000,
+                    exit_ns: d.exit_ns + 10_000,
+                    ..d
+                }),
+            })
+            .collect();
+        stream.extend(later);
+        let (out, _) = rebuild(stream);
+        assert_eq!(complete(&out).len(), 1, "{out:?}");
+        assert!(out.contains(&Outcome::Incomplete(Incomplete {
+            req_id: joiner::id_key("a"),
+            reason: "duplicate id".into()
+        })));
+        let (out, _) = rebuild(
+            event_loop()
+                .into_iter()
+                .map(|input| match input {
+                    In::Data(mut d) => {
+                        let text = String::from_utf8(d.bytes)
+                            .unwrap()
+                            .replace("x-request-id: 42\r\n", "");
+                        d.len = text.len() as u64;
+                        d.bytes = text.into_bytes();
+                        In::Data(d)
+                    }
+                    other => other,
+                })
+                .collect(),
+        );
+        assert_ne!(only_complete(&out).req_id & ANONYMOUS, 0);
+    }
+
+    /// An accept's new fd (the tgid packed beside the listening fd) starts a new connection:
+    /// a stale partial request on the old one is not the new client's.
+    #[test]
+    fn an_accept_starts_a_new_connection() {
+        let mut stream = vec![In::Data(data(900, 910, 5, syscall::RECVFROM, "G"))];
+        stream.push(In::Ev(ev(
+            950,
+            kind::SYSCALL,
+            syscall::ACCEPT,
+            [940, fd_arg(4, TGID), 5],
+        )));
+        stream.extend(event_loop());
+        let (out, r) = rebuild(stream);
+        let req = only_complete(&out);
+        assert_eq!(req.t_arrive_ns, 1_050);
+        assert_eq!(r.counts().reopened, 1);
     }
 }
