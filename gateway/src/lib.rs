@@ -9,6 +9,7 @@ pub mod apikey;
 pub mod app;
 pub mod canonical;
 pub mod config;
+pub mod conns;
 pub mod db;
 pub mod error;
 pub mod ledger;

@@ -203,6 +203,11 @@ impl InFlight {
         gw_probe_request_end(req_id, status, 0);
     }
 
+    /// Whether a request's handler exists (between `begin` and `end`).
+    pub fn has_request(&self) -> bool {
+        self.current() != 0
+    }
+
     fn current(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }

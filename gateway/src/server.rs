@@ -24,12 +24,13 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use rand::RngCore;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 use crate::act::{self, Answer, REQUEST_ID};
 use crate::app::App;
+use crate::conns::{Conn, Slots};
 use crate::error::ApiError;
-use crate::probe::{self, ConnectionTask, InFlight};
+use crate::probe::{self, ConnectionTask};
 use crate::repoll::Repoll;
 
 /// How far ahead [`keep_a_timer_armed`] keeps its timer: under any upstream timeout.
@@ -52,12 +53,19 @@ pub struct Limits {
     /// one. hyper starts that wait when the connection is accepted and again after each
     /// response, so this bounds slow headers and idle keep-alive connections alike.
     pub header_timeout: Duration,
-    /// Connections served at once; one more is accepted and closed at once.
+    /// Connections served at once. At the cap, the connections that have waited longest for
+    /// a request head are closed to make room ([`crate::conns`]); when every one is serving a
+    /// request, a new connection is accepted and closed at once.
     pub max_connections: u32,
     /// After `shutdown`, how long the requests in flight may take to finish. A request already
     /// deciding (up to its upstream call) is waited for past it, through its receipt.
     pub grace: Duration,
 }
+
+/// How long the acceptor waits for reclaimed connections to close when they hold every slot
+/// beyond the cap, before it turns a new connection away. One between requests closes on its
+/// next poll, which the acceptor can outrun; one that was serving a request finishes it first.
+const ROOM_WAIT: Duration = Duration::from_millis(250);
 
 /// How long accepting pauses after the process or system runs out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -73,7 +81,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> bool {
     tokio::spawn(keep_a_timer_armed());
-    let slots = Arc::new(Semaphore::new(limits.max_connections as usize));
+    let slots = Slots::new(limits.max_connections);
     let (stop, stopping) = watch::channel(());
     let mut out_of_descriptors = false;
     let mut shutdown = std::pin::pin!(shutdown);
@@ -101,25 +109,34 @@ pub async fn serve(
             // A connection reset before it was accepted, and the like: only that one is lost.
             Err(_) => continue,
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // Over the limit: closing at once keeps the descriptors for the clients served.
+        let mut admitted = slots.admit();
+        if admitted.is_none() && tokio::time::timeout(ROOM_WAIT, slots.room()).await.is_ok() {
+            admitted = slots.admit();
+        }
+        let Some((conn, mut reclaimed)) = admitted else {
+            // Every slot serves a request or is still closing: closing this one at once keeps
+            // the descriptors for them.
             drop(stream);
             continue;
         };
         let _ = stream.set_nodelay(true);
         let client_fd = stream.as_raw_fd() as u64;
         let app = app.clone();
-        let in_flight = InFlight::default();
-        let task_in_flight = in_flight.clone();
+        let conn = Arc::new(conn);
+        let task_in_flight = conn.in_flight.clone();
         let mut stopping = stopping.clone();
         let connection = async move {
+            let service_conn = conn.clone();
             let service = service_fn(move |req| {
                 let ids = Ids {
                     probe: probe::next_probe_id(),
                     client: client_request_id(&req),
                 };
-                in_flight.begin(ids.probe, client_fd, ids.client);
-                handle(app.clone(), req, ids, in_flight.clone())
+                service_conn.serving();
+                service_conn
+                    .in_flight
+                    .begin(ids.probe, client_fd, ids.client);
+                handle(app.clone(), req, ids, service_conn.clone())
             });
             // half_close: hyper does not watch the socket while a handler runs, so a client
             // that resets mid-request cannot cancel a handler between its upstream call and
@@ -137,15 +154,22 @@ pub async fn serve(
                     connection.as_mut().graceful_shutdown();
                     let _ = connection.await;
                 }
+                Ok(()) = &mut reclaimed => {
+                    // Made room for a new connection at the cap. Between requests nothing is
+                    // lost by closing now (hyper's graceful shutdown would wait for a first
+                    // head); a request that began meanwhile runs to its response first.
+                    if conn.in_flight.has_request() {
+                        connection.as_mut().graceful_shutdown();
+                        let _ = connection.await;
+                    }
+                }
             }
-            drop(slot);
         };
         tokio::spawn(ConnectionTask::new(task_in_flight, Repoll::new(connection)));
     }
     drop(listener);
     stop.send_replace(());
-    // Every slot back: every connection has closed.
-    let drained = tokio::time::timeout(limits.grace, slots.acquire_many(limits.max_connections))
+    let drained = tokio::time::timeout(limits.grace, slots.all_closed())
         .await
         .is_ok();
     // Past the grace, requests that may have acted upstream still finish their receipts; the
@@ -174,7 +198,7 @@ async fn handle(
     app: Arc<App>,
     req: Request<Incoming>,
     ids: Ids,
-    in_flight: InFlight,
+    conn: Arc<Conn>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let answer = route(&app, req, ids).await;
     let status = answer.status;
@@ -183,7 +207,8 @@ async fn handle(
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(REQUEST_ID, HeaderValue::from(ids.client));
-    in_flight.end(ids.probe, u64::from(status.as_u16()));
+    conn.waiting();
+    conn.in_flight.end(ids.probe, u64::from(status.as_u16()));
     Ok(response)
 }
 

@@ -74,8 +74,9 @@ enum Command {
         /// or of its last response (bounds slow headers and idle keep-alive connections).
         #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
         header_timeout_ms: u64,
-        /// Connections served at once; more are accepted and closed at once
-        /// (default: half the open-file limit, at most 65536).
+        /// Connections served at once (default: half the open-file limit, at most 65536). At
+        /// the cap, the connections that have waited longest for a request head are closed to
+        /// make room; a new one is closed at once only when every one is serving a request.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
         max_connections: Option<u32>,
         /// On SIGTERM or Ctrl-C, how long requests in flight may take to finish before the rest
