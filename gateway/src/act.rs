@@ -403,6 +403,9 @@ fn render_path(service: &Service, params: &Value) -> Result<String, String> {
             PathError::NotScalar(name) => {
                 format!("params.{name} must be a string, number or boolean")
             }
+            PathError::DotSegment(name) => {
+                format!("params.{name} may not make a path segment empty, . or ..")
+            }
         })?;
     Ok(path)
 }

@@ -127,6 +127,9 @@ enum Segment {
 pub enum PathError {
     Missing(Box<str>),
     NotScalar(Box<str>),
+    /// The placeholder made a whole path segment empty, `.` or `..`: a server that normalises
+    /// the path would resolve it to another path than the template's.
+    DotSegment(Box<str>),
 }
 
 impl PathTemplate {
@@ -160,25 +163,64 @@ impl PathTemplate {
         Ok(PathTemplate(segments.into()))
     }
 
-    /// Appends the rendered path to `out`; placeholder values are percent-encoded.
+    /// Appends the rendered path to `out`; placeholder values are percent-encoded. A path
+    /// segment a placeholder wrote into may not end up empty, `.` or `..`: encoding the dots
+    /// would not do, as servers that normalise paths decode `%2E` first.
     pub fn render(&self, params: &Value, out: &mut String) -> Result<(), PathError> {
+        // Where the path segment being written starts, and the last placeholder written in it;
+        // past a literal `?` or `#`, what follows is no longer the path.
+        let mut start = out.rfind('/').map_or(0, |i| i + 1);
+        let mut filled: Option<&str> = None;
+        let mut in_path = true;
         for segment in &self.0 {
             match segment {
+                Segment::Literal(text) if in_path => {
+                    let Some(end) = text.find(['/', '?', '#']) else {
+                        out.push_str(text);
+                        continue;
+                    };
+                    out.push_str(&text[..end]);
+                    whole_segment(out, start, filled)?;
+                    let rest = &text[end..];
+                    match rest.find(['?', '#']) {
+                        Some(_) => in_path = false,
+                        None => start = out.len() + rest.rfind('/').map_or(0, |i| i + 1),
+                    }
+                    out.push_str(rest);
+                    filled = None;
+                }
                 Segment::Literal(text) => out.push_str(text),
-                Segment::Param(name) => match params.get(&**name) {
-                    Some(Value::String(s)) => percent_encode(s, out),
-                    Some(Value::Number(n)) => {
-                        let _ = write!(out, "{n}");
+                Segment::Param(name) => {
+                    match params.get(&**name) {
+                        Some(Value::String(s)) => percent_encode(s, out),
+                        Some(Value::Number(n)) => {
+                            let _ = write!(out, "{n}");
+                        }
+                        Some(Value::Bool(b)) => {
+                            let _ = write!(out, "{b}");
+                        }
+                        Some(_) => return Err(PathError::NotScalar(name.clone())),
+                        None => return Err(PathError::Missing(name.clone())),
                     }
-                    Some(Value::Bool(b)) => {
-                        let _ = write!(out, "{b}");
-                    }
-                    Some(_) => return Err(PathError::NotScalar(name.clone())),
-                    None => return Err(PathError::Missing(name.clone())),
-                },
+                    filled = Some(name);
+                }
             }
         }
+        if in_path {
+            whole_segment(out, start, filled)?;
+        }
         Ok(())
+    }
+}
+
+/// Refuses the segment `out[start..]` when placeholder `filled` wrote into it and it is empty,
+/// `.` or `..`.
+fn whole_segment(out: &str, start: usize, filled: Option<&str>) -> Result<(), PathError> {
+    match filled {
+        Some(name) if matches!(&out[start..], "" | "." | "..") => {
+            Err(PathError::DotSegment(name.into()))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -369,6 +411,36 @@ mod tests {
             t.render(&json!({"id": [1], "who": "x"}), &mut out),
             Err(PathError::NotScalar("id".into()))
         );
+        // A placeholder may not make a segment empty, `.` or `..`, alone or with another.
+        let t = PathTemplate::parse("/a/{x}{y}/b/{z}").expect("parse");
+        for (params, culprit) in [
+            (json!({"x": "..", "y": "", "z": 1}), "y"),
+            (json!({"x": ".", "y": ".", "z": 1}), "y"),
+            (json!({"x": "a", "y": "b", "z": ""}), "z"),
+            (json!({"x": "a", "y": "b", "z": "."}), "z"),
+        ] {
+            let mut out = String::new();
+            assert_eq!(
+                t.render(&params, &mut out),
+                Err(PathError::DotSegment(culprit.into())),
+                "{params}"
+            );
+        }
+        let mut out = String::from("/base");
+        t.render(&json!({"x": ".", "y": "..", "z": "..."}), &mut out)
+            .expect("dots inside a segment");
+        assert_eq!(out, "/base/a/.../b/...");
+        // The path ends at the query: `/q/..?k=v` is still `/q/..` to a server.
+        let t = PathTemplate::parse("/q/{x}?k={y}").expect("parse");
+        let mut out = String::new();
+        assert_eq!(
+            t.render(&json!({"x": "..", "y": 1}), &mut out),
+            Err(PathError::DotSegment("x".into()))
+        );
+        let mut out = String::new();
+        t.render(&json!({"x": "a", "y": ".."}), &mut out)
+            .expect("a query value is not a path segment");
+        assert_eq!(out, "/q/a?k=..");
         for bad in ["items", "/a/{", "/a/{}", "/a/}"] {
             assert!(PathTemplate::parse(bad).is_err(), "{bad}");
         }

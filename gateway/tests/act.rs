@@ -412,3 +412,78 @@ fn vault_changes_reach_a_running_server() {
     assert_eq!(reply.status, 200);
     assert_eq!(reply.json()["body"]["authorization"], Value::Null);
 }
+
+#[test]
+fn issue37_item2_dot_segments_cannot_escape_the_path_template() {
+    let demo = Demo::new();
+    let up = format!("http://{}", demo.upstream.addr);
+    for (name, path) in [("items", "/items/{id}/x"), ("pair", "/p/{a}{b}/x")] {
+        demo.cli_ok(&[
+            "service",
+            "add",
+            "--name",
+            name,
+            "--upstream",
+            &up,
+            "--path",
+            path,
+        ]);
+        demo.link_token("user-1", name, "t", &[]);
+    }
+    let server = demo.serve();
+    let key = Some(demo.key.as_str());
+    let with = |service: &str, params: &str| {
+        format!(
+            r#"{{"service":"{service}","action":"get","on_behalf_of":"user-1","params":{params}}}"#
+        )
+    };
+    // Each would reach another upstream path with the user's credential, once a server
+    // normalises it: /items/../x is /x, /items/./x and /items//x are /items/x.
+    let refused = [
+        ("items", r#"{"id":".."}"#),
+        ("items", r#"{"id":"."}"#),
+        ("items", r#"{"id":""}"#),
+        ("pair", r#"{"a":".","b":"."}"#),
+        ("pair", r#"{"a":"..","b":""}"#),
+    ];
+    for (i, (service, params)) in refused.iter().enumerate() {
+        let reply = act(
+            &server.addr,
+            key,
+            Some(10 + i as u64),
+            &with(service, params),
+        );
+        assert_eq!(
+            (reply.status, reply.code()),
+            (400, "bad_params".to_owned()),
+            "{service} {params}: {}",
+            reply.text()
+        );
+    }
+    // Dots inside a segment are only names.
+    for (i, (service, params, path)) in [
+        ("items", r#"{"id":"..."}"#, "/items/.../x"),
+        ("items", r#"{"id":"a..b"}"#, "/items/a..b/x"),
+        ("pair", r#"{"a":".","b":"a"}"#, "/p/.a/x"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let reply = act(
+            &server.addr,
+            key,
+            Some(20 + i as u64),
+            &with(service, params),
+        );
+        assert_eq!(reply.status, 200, "{params}: {}", reply.text());
+        assert_eq!(reply.json()["body"]["path"], *path);
+    }
+    let stored = receipts(&demo.db);
+    for i in 0..refused.len() as u64 {
+        let row = receipt_for(&stored, 10 + i);
+        assert_eq!(
+            (&row["decision"], &row["error_code"]),
+            (&"deny".into(), &"bad_params".into())
+        );
+    }
+}
