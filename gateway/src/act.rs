@@ -35,6 +35,10 @@ pub const REQUEST_ID: &str = "x-request-id";
 /// Largest accepted request body.
 pub const MAX_BODY: usize = 1 << 20;
 
+/// Longest `service`, `action` and `on_behalf_of`, in bytes: each is copied into the receipt,
+/// which the ledger keeps for good (params only as their digest).
+pub const MAX_NAME: usize = 256;
+
 #[derive(Deserialize)]
 struct ActBody {
     service: String,
@@ -62,6 +66,9 @@ impl From<ApiError> for Answer {
         }
     }
 }
+
+/// A receipt's decision when a step refused the request before any upstream call.
+const DENY: &str = "deny";
 
 /// What the decision steps produced, before the receipt.
 enum Outcome {
@@ -113,6 +120,20 @@ pub async fn act(app: &App, req: Request<Incoming>, req_id: u64, client_id: u64)
         client_id,
     )
     .await;
+    // Nothing went upstream: past its key's budget, a denial is refused without a receipt.
+    if let Outcome::Denied { decision: DENY, .. } = &outcome
+        && !denial_receipted(app, &key)
+    {
+        drop(pass);
+        return respond_error(
+            req_id,
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_denials",
+                "too many denied requests for this API key; this one gets no receipt",
+            ),
+        );
+    }
 
     let (status, error_code, decision, latency_us) = match &outcome {
         Outcome::Upstream { latency_us, .. } => (StatusCode::OK, "", "allow", *latency_us),
@@ -166,6 +187,18 @@ pub async fn act(app: &App, req: Request<Incoming>, req_id: u64, client_id: u64)
             },
         }
     })
+}
+
+/// Takes one of the key's denial receipts ([`crate::app::KeyLimits`]): a key whose requests
+/// are denied cannot write receipts as fast as it can send requests. Nothing was sent upstream.
+fn denial_receipted(app: &App, key: &ApiKey) -> bool {
+    let limits = &app.limits;
+    app.denials.allow(
+        (key.rowid, 0),
+        limits.denials_per_s,
+        limits.denials_burst,
+        Instant::now(),
+    )
 }
 
 fn respond_error(req_id: u64, e: ApiError) -> Answer {
@@ -231,6 +264,18 @@ async fn parse(req: Request<Incoming>) -> Result<(ActBody, Vec<u8>, [u8; 32]), A
         };
         ApiError::bad_request(code, message)
     })?;
+    for (field, value) in [
+        ("service", &body.service),
+        ("action", &body.action),
+        ("on_behalf_of", &body.on_behalf_of),
+    ] {
+        if value.is_empty() || value.len() > MAX_NAME {
+            return Err(ApiError::bad_request(
+                "invalid_field",
+                format!("{field} must be 1 to {MAX_NAME} bytes"),
+            ));
+        }
+    }
     if !body.params.is_object() {
         return Err(ApiError::bad_request(
             "params_not_object",
@@ -259,7 +304,7 @@ async fn decide(
 ) -> Outcome {
     let deny = |status, code, message: Cow<'static, str>| Outcome::Denied {
         error: ApiError::new(status, code, message),
-        decision: "deny",
+        decision: DENY,
         latency_us: -1,
     };
     // Each phase's closure answers Err(outcome) to end the decision there.

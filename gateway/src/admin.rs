@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, bail};
 use rusqlite::Connection;
 
+use crate::act::MAX_NAME;
 use crate::apikey;
 use crate::config::{Credential, PathTemplate, Scope, token_header, vault_aad};
 use crate::secrets::MasterKey;
@@ -72,8 +73,8 @@ pub struct ServiceSpec<'a> {
 
 /// Adds or replaces a service, validating every field the server will parse.
 pub fn add_service(conn: &Connection, spec: &ServiceSpec<'_>) -> anyhow::Result<()> {
-    if spec.name.is_empty() {
-        bail!("service name must not be empty");
+    if spec.name.is_empty() || spec.name.len() > MAX_NAME {
+        bail!("service name must be 1 to {MAX_NAME} bytes (requests name it)");
     }
     UpstreamUrl::parse(spec.upstream)?;
     PathTemplate::parse(spec.path)?;
@@ -128,6 +129,9 @@ pub fn link_token(
 ) -> anyhow::Result<()> {
     if principal.is_empty() || token.is_empty() {
         bail!("user and token must not be empty");
+    }
+    if principal.len() > MAX_NAME {
+        bail!("user must be at most {MAX_NAME} bytes (requests name it)");
     }
     // Reject now what the server could not put in a header later.
     token_header(&Credential::Bearer, token.as_bytes())?;

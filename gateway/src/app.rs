@@ -26,11 +26,32 @@ pub struct App {
     /// The newest configuration any worker has loaded; workers copy it instead of reloading.
     shared: Mutex<Arc<Config>>,
     pub limiter: Limiter,
+    /// Per API key, the denied requests that may still get a receipt.
+    pub denials: Limiter,
+    pub limits: KeyLimits,
     pub ledger: Ledger,
     /// Requests past the point where a shutdown waits for their upstream call and receipt.
     pub acting: Acting,
     /// `GET /v1/receipts/pubkey`, serialized once.
     pub pubkey_body: Bytes,
+}
+
+/// What one API key's requests may make the gateway write.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyLimits {
+    /// Denied requests (scope, rate limit, registry, vault) receipted per key: a token bucket
+    /// of this rate per second and burst. Past it, a denial is refused without a receipt.
+    pub denials_per_s: f64,
+    pub denials_burst: f64,
+}
+
+impl Default for KeyLimits {
+    fn default() -> Self {
+        KeyLimits {
+            denials_per_s: 10.0,
+            denials_burst: 100.0,
+        }
+    }
 }
 
 /// Each tokio worker thread keeps its own read connection and its current configuration, so
@@ -52,6 +73,7 @@ impl App {
         db: &Path,
         master: &MasterKey,
         writer: WriterOptions,
+        limits: KeyLimits,
     ) -> anyhow::Result<(Arc<App>, JoinHandle<()>)> {
         let conn = crate::db::open(db, false)?;
         let vault = master.vault();
@@ -73,6 +95,8 @@ impl App {
             pools,
             shared: Mutex::new(Arc::new(config)),
             limiter: Limiter::default(),
+            denials: Limiter::default(),
+            limits,
             ledger,
             acting: Acting::default(),
             pubkey_body: Bytes::from(pubkey_body),

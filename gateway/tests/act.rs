@@ -487,3 +487,91 @@ fn issue37_item2_dot_segments_cannot_escape_the_path_template() {
         );
     }
 }
+
+#[test]
+fn issue37_item3_a_key_cannot_grow_the_ledger_without_bound() {
+    let demo = Demo::new();
+    let narrow = demo.cli_ok(&["key", "create", "--services", "demo", "--users", "user-1"]);
+    let narrow = narrow
+        .trim()
+        .strip_prefix("api_key=")
+        .expect("api_key line")
+        .to_owned();
+    let server = demo.serve();
+    let key = Some(demo.key.as_str());
+    let named = |service: &str, action: &str, user: &str| {
+        format!(r#"{{"service":"{service}","action":"{action}","on_behalf_of":"{user}"}}"#)
+    };
+
+    // What goes into a receipt is bounded: each name at most 256 bytes, and not empty.
+    let long = "a".repeat(1 << 19);
+    for (i, body) in [
+        named("demo", &long, "user-1"),
+        named(&long, "echo", "user-1"),
+        named("demo", "echo", &long),
+        named("demo", &"a".repeat(257), "user-1"),
+        named("demo", "", "user-1"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let reply = act(&server.addr, key, Some(100 + i as u64), body);
+        assert_eq!(
+            (reply.status, reply.code()),
+            (400, "invalid_field".to_owned()),
+            "body {i}: {}",
+            reply.text()
+        );
+    }
+    assert!(
+        receipts(&demo.db).is_empty(),
+        "a refused body left a receipt"
+    );
+    let at_limit = named("demo", &"a".repeat(256), "user-1");
+    assert_eq!(act(&server.addr, key, Some(200), &at_limit).status, 200);
+
+    // Denials are receipted up to a budget per key (burst 100, then 10/s); past it they are
+    // refused without one. Before, every denied request left a receipt.
+    const DENIED: u64 = 300;
+    let started = std::time::Instant::now();
+    let mut refused = 0;
+    for i in 0..DENIED {
+        let reply = act(
+            &server.addr,
+            Some(&narrow),
+            Some(1000 + i),
+            &body("other", "user-1"),
+        );
+        match (reply.status, reply.code().as_str()) {
+            (403, "scope_denied") => {}
+            (429, "too_many_denials") => refused += 1,
+            other => panic!("denied request {i}: {other:?} {}", reply.text()),
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let stored = receipts(&demo.db);
+    let narrow_id = narrow.split('_').nth(1).expect("ak_<id>_<secret>");
+    let denied = stored.iter().filter(|r| r["key_id"] == narrow_id).count() as u64;
+    assert_eq!(denied + refused, DENIED);
+    let budget = 100 + (10.0 * elapsed).ceil() as u64;
+    assert!(
+        denied <= budget,
+        "{denied} denials receipted in {elapsed:.2} s (budget {budget})"
+    );
+    // The budget is for denials only: the same key's allowed requests still act.
+    assert_eq!(
+        act(
+            &server.addr,
+            Some(&narrow),
+            Some(5000),
+            &body("demo", "user-1")
+        )
+        .status,
+        200
+    );
+    let (code, out, _) = gateway_cli(&["verify", "--db", demo.db_str()]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, format!("ok: {} receipts", stored.len() + 1).as_str())
+    );
+}

@@ -88,6 +88,8 @@ fn item_15_serve_rejects_out_of_range_values() {
         ("--checkpoint-records", "0"),
         ("--header-timeout-ms", "0"),
         ("--max-connections", "0"),
+        ("--deny-rate", "0"),
+        ("--deny-burst", "0"),
     ] {
         let (code, _, err) = gateway_cli(&["serve", "--db", demo.db_str(), flag, value]);
         assert_eq!(code, 2, "{flag} {value} was accepted: {err}");

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ed25519_dalek::VerifyingKey;
 use gateway::admin::{self, ServiceSpec};
+use gateway::app::KeyLimits;
 use gateway::ledger::WriterOptions;
 use gateway::ledger::verify::{self, Head, Published, Verdict};
 use gateway::lock::LedgerLock;
@@ -84,6 +85,13 @@ enum Command {
         /// its receipt however long that takes (up to the service's upstream timeout).
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
         shutdown_grace_ms: u64,
+        /// Denied requests that get a receipt, per API key per second (a token bucket); past
+        /// it they are answered 429 `too_many_denials` without one.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        deny_rate: u32,
+        /// The bucket of `--deny-rate`: denials receipted in a burst.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        deny_burst: u32,
     },
     /// Create or migrate a database, its master key file and its receipt signer.
     Init {
@@ -248,6 +256,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             header_timeout_ms,
             max_connections,
             shutdown_grace_ms,
+            deny_rate,
+            deny_burst,
         } => {
             let options = WriterOptions {
                 batch_max: batch_max as usize,
@@ -259,7 +269,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 max_connections: max_connections.unwrap_or_else(default_max_connections),
                 grace: Duration::from_millis(shutdown_grace_ms),
             };
-            serve(&db, &listen, usize::from(workers), options, limits)?;
+            let key_limits = KeyLimits {
+                denials_per_s: f64::from(deny_rate),
+                denials_burst: f64::from(deny_burst),
+            };
+            serve(
+                &db,
+                &listen,
+                usize::from(workers),
+                options,
+                key_limits,
+                limits,
+            )?;
         }
         Command::Init { db, demo, upstream } => {
             let (conn, master) = admin::init(&db.db, &db.key_file())?;
@@ -440,6 +461,7 @@ fn serve(
     listen: &str,
     workers: usize,
     options: WriterOptions,
+    key_limits: KeyLimits,
     limits: Limits,
 ) -> anyhow::Result<()> {
     // Before anything else touches the database: a second server would act without receipts.
@@ -450,7 +472,7 @@ fn serve(
         .enable_all()
         .build()
         .context("building the tokio runtime")?;
-    let (app, writer) = gateway::app::App::start(&db.db, &master, options)?;
+    let (app, writer) = gateway::app::App::start(&db.db, &master, options, key_limits)?;
     let served = runtime.block_on(async {
         let listener = bind(listen)
             .await
