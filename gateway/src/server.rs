@@ -30,6 +30,7 @@ use crate::act::{self, Answer, REQUEST_ID};
 use crate::app::App;
 use crate::conns::{Conn, Slots};
 use crate::error::ApiError;
+use crate::ledger::Unavailable;
 use crate::probe::{self, ConnectionTask};
 use crate::repoll::Repoll;
 
@@ -214,13 +215,17 @@ async fn handle(
 
 async fn route(app: &App, req: Request<Incoming>, ids: Ids) -> Answer {
     match (req.method(), req.uri().path()) {
-        // With the writer gone no receipt can be made: refuse before any upstream call.
-        (&Method::POST, "/v1/act") if app.ledger.failure().is_some() => ledger_down(app),
-        (&Method::POST, "/v1/act") => act::act(app, req, ids.probe, ids.client).await,
-        (&Method::GET, "/healthz") if app.ledger.failure().is_some() => ledger_down(app),
-        (&Method::GET, "/healthz") => Answer {
-            status: StatusCode::OK,
-            body: b"{\"ok\":true}".to_vec(),
+        (&Method::POST, "/v1/act") => match app.ledger.unavailable() {
+            // With no receipt possible, refuse before any upstream call.
+            Some(down) => ledger_down(down),
+            None => act::act(app, req, ids.probe, ids.client).await,
+        },
+        (&Method::GET, "/healthz") => match app.ledger.unavailable() {
+            Some(down) => ledger_down(down),
+            None => Answer {
+                status: StatusCode::OK,
+                body: b"{\"ok\":true}".to_vec(),
+            },
         },
         (&Method::GET, "/v1/receipts/pubkey") => Answer {
             status: StatusCode::OK,
@@ -236,14 +241,18 @@ async fn route(app: &App, req: Request<Incoming>, ids: Ids) -> Answer {
     }
 }
 
-fn ledger_down(app: &App) -> Answer {
-    let reason = app.ledger.failure().unwrap_or_default();
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "ledger_failed",
-        format!("the receipt ledger failed: {reason}"),
-    )
-    .into()
+fn ledger_down(down: Unavailable<'_>) -> Answer {
+    let (code, message) = match down {
+        Unavailable::Full => (
+            "ledger_full",
+            "the disk under the receipt ledger is full; acts are refused until it has room".into(),
+        ),
+        Unavailable::Failed(reason) => (
+            "ledger_failed",
+            format!("the receipt ledger failed: {reason}"),
+        ),
+    };
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, message).into()
 }
 
 /// The client's `x-request-id` (u64 decimal), or a fresh one when absent or invalid.

@@ -26,7 +26,7 @@ pub mod writer;
 
 use sha2::{Digest, Sha256};
 
-pub use writer::{Durable, Ledger, PendingReceipt, WriterOptions};
+pub use writer::{Durable, Ledger, PendingReceipt, Unavailable, WriterOptions};
 
 const DOMAIN: &[u8] = b"gateway.receipt.v1";
 

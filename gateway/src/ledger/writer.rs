@@ -10,13 +10,18 @@
 //! 4. only then complete each waiter [`receipt_durable(req_id, seq)` per record].
 //!
 //! The head (last seq and hash) lives in memory; it is read from the table once at start.
-//! If the insert or commit fails, every waiter gets an error, the error is logged and the writer
-//! stops for good: [`Ledger::failure`] then says why, `/healthz` fails and the server shuts
-//! down, rather than answer 500 after every upstream call. Autocheckpoint is off on this connection; the writer runs
-//! a passive checkpoint itself every few batches, after completing the waiters, to keep the
-//! WAL file bounded without delaying a batch's responses.
+//! If the insert or commit fails, every waiter of the batch gets an error. When the disk is
+//! full, the batch is rolled back (the head too: its seqs are given again) and the ledger is
+//! [`Unavailable::Full`] until the filesystem has [`ROOM_TO_RESUME`] bytes free again, which
+//! the writer checks every [`ROOM_CHECK`]: the server refuses acts meanwhile, before any
+//! upstream call. Any other failure is logged and the writer stops for good: [`Ledger::failure`]
+//! then says why, `/healthz` fails and the server shuts down, rather than answer 500 after
+//! every upstream call. Autocheckpoint is off on this connection; the writer runs a passive
+//! checkpoint itself every few batches, after completing the waiters, to keep the WAL file
+//! bounded without delaying a batch's responses.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -90,9 +95,31 @@ pub struct Ledger {
     health: Arc<Health>,
 }
 
-/// Set once, by the writer thread, when it stops for good.
+/// Free bytes the ledger's filesystem needs, after a full disk, before acts are taken again:
+/// room for many full batches and the checkpoints that follow them, so the gateway does not
+/// flap between full and not at every receipt.
+pub const ROOM_TO_RESUME: u64 = 4 << 20;
+/// How often a full ledger looks for room.
+pub const ROOM_CHECK: Duration = Duration::from_secs(1);
+
+/// Why no receipt can be made now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unavailable<'a> {
+    /// The disk is full; acts resume once there is room.
+    Full,
+    /// The writer stopped for good, for this reason.
+    Failed(&'a str),
+}
+
+const WRITING: u8 = 0;
+const FULL: u8 = 1;
+const FAILED: u8 = 2;
+
+/// Set by the writer thread: full while the disk is, failed once it stops for good.
 #[derive(Default)]
 struct Health {
+    /// [`WRITING`], [`FULL`] or [`FAILED`]: what a request reads, one load.
+    state: AtomicU8,
     failure: OnceLock<String>,
     failed: Notify,
 }
@@ -101,7 +128,23 @@ impl Health {
     fn fail(&self, reason: String) {
         eprintln!("ledger writer stopped: {reason}");
         let _ = self.failure.set(reason);
+        self.state.store(FAILED, Ordering::Release);
         self.failed.notify_waiters();
+    }
+
+    fn full(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == FULL
+    }
+
+    fn set_full(&self, full: bool) {
+        let (from, to) = if full {
+            (WRITING, FULL)
+        } else {
+            (FULL, WRITING)
+        };
+        let _ = self
+            .state
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Relaxed);
     }
 }
 
@@ -143,6 +186,8 @@ impl Ledger {
         };
         let writer = Writer {
             conn,
+            db: db.to_owned(),
+            health: health.clone(),
             signer,
             options,
             head,
@@ -162,6 +207,15 @@ impl Ledger {
             })
             .context("spawning the ledger writer")?;
         Ok((ledger, handle))
+    }
+
+    /// Why no receipt can be made now, if none can: the check before every act.
+    pub fn unavailable(&self) -> Option<Unavailable<'_>> {
+        match self.health.state.load(Ordering::Acquire) {
+            WRITING => None,
+            FULL => Some(Unavailable::Full),
+            _ => Some(Unavailable::Failed(self.failure().unwrap_or_default())),
+        }
     }
 
     /// Why the writer stopped, once it has: no receipt can be made after that.
@@ -208,6 +262,9 @@ struct Head {
 
 struct Writer {
     conn: Connection,
+    /// The database file, whose filesystem a full ledger watches for room.
+    db: PathBuf,
+    health: Arc<Health>,
     signer: Signer,
     options: WriterOptions,
     head: Head,
@@ -224,16 +281,32 @@ struct Sealed {
 
 impl Writer {
     /// Returns when every sender (the server) is gone, or with the first insert or commit
-    /// error: the waiters of that batch get an error, and so does every later one, as the
-    /// receiver is dropped.
+    /// error other than a full disk: the waiters of that batch get an error, and so does every
+    /// later one, as the receiver is dropped.
     fn run(mut self, rx: Receiver<Job>) -> rusqlite::Result<()> {
         let mut batch: Vec<Job> = Vec::with_capacity(self.options.batch_max);
         let mut sealed: Vec<Sealed> = Vec::with_capacity(self.options.batch_max);
-        while let Ok(first) = rx.recv() {
+        loop {
+            let first = if self.health.full() {
+                match rx.recv_timeout(ROOM_CHECK) {
+                    Ok(job) => job,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.look_for_room();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            };
             batch.push(first);
             self.gather(&rx, &mut batch);
             self.batch_id += 1;
             let batch_id = self.batch_id;
+            let head_before = self.head;
             probe::gw_probe_sign_begin(batch_id, batch.len() as u64, 0);
             for job in &batch {
                 let seq = self.head.seq + 1;
@@ -265,12 +338,32 @@ impl Writer {
                         }));
                     }
                     self.since_checkpoint += sealed.len() as u64;
+                    if self.health.full() {
+                        // Receipts that raced the refusal found room after all.
+                        self.look_for_room();
+                    }
                 }
                 Err(e) => {
+                    let full = is_disk_full(&e);
+                    if full {
+                        // Rolled back: the chain ends where it did; these seqs are given again.
+                        self.head = head_before;
+                        // Before the waiters hear: a client that retries is refused at once.
+                        if !self.health.full() {
+                            eprintln!(
+                                "ledger: the disk is full ({e}); acts are refused \
+                                 (503 ledger_full) until {} MiB are free",
+                                ROOM_TO_RESUME >> 20
+                            );
+                            self.health.set_full(true);
+                        }
+                    }
                     for job in batch.drain(..) {
                         let _ = job.done.send(Err(ReceiptFailed));
                     }
-                    return Err(e);
+                    if !full {
+                        return Err(e);
+                    }
                 }
             }
             sealed.clear();
@@ -283,6 +376,24 @@ impl Writer {
             }
         }
         Ok(())
+    }
+
+    /// Ends a full disk's refusal once the filesystem has [`ROOM_TO_RESUME`] bytes free.
+    fn look_for_room(&self) {
+        let free = match rustix::fs::statvfs(&self.db) {
+            Ok(stat) => stat.f_bavail.saturating_mul(stat.f_frsize),
+            Err(e) => {
+                eprintln!("ledger: statvfs {}: {e}", self.db.display());
+                return;
+            }
+        };
+        if free >= ROOM_TO_RESUME {
+            eprintln!(
+                "ledger: {} MiB free again; acts are taken again",
+                free >> 20
+            );
+            self.health.set_full(false);
+        }
     }
 
     fn gather(&self, rx: &Receiver<Job>, batch: &mut Vec<Job>) {
@@ -339,6 +450,11 @@ impl Writer {
         }
         tx.commit()
     }
+}
+
+/// SQLITE_FULL: a write found no room (ENOSPC), or the database hit its page limit.
+fn is_disk_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
 }
 
 fn fields<'a>(

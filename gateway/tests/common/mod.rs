@@ -322,6 +322,12 @@ impl Demo {
     pub fn with_upstream(upstream: Proc) -> Demo {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = dir.path().join("gateway.db");
+        Demo::with_db(upstream, dir, db)
+    }
+
+    /// A demo whose database (and key and lock files beside it) is `db`, wherever that is;
+    /// `dir` is its scratch directory.
+    pub fn with_db(upstream: Proc, dir: tempfile::TempDir, db: std::path::PathBuf) -> Demo {
         let url = format!("http://{}", upstream.addr);
         let (code, out, err) = gateway_cli(&[
             "init",
