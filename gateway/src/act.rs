@@ -9,7 +9,8 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::task::Poll;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -92,11 +93,16 @@ pub async fn act(app: &App, req: Request<Incoming>, req_id: u64, client_id: u64)
             Err(e) => return respond_error(req_id, e),
         };
 
-    let (body, canonical_params, params_digest) =
-        match probe::in_phase_async(req_id, Phase::Parse, parse(req)).await {
-            Ok(parsed) => parsed,
-            Err(e) => return respond_error(req_id, e),
-        };
+    let (body, canonical_params, params_digest) = match probe::in_phase_async(
+        req_id,
+        Phase::Parse,
+        parse(req, app.limits.body_timeout),
+    )
+    .await
+    {
+        Ok(parsed) => parsed,
+        Err(e) => return respond_error(req_id, e),
+    };
 
     // From here to the receipt, a shutdown waits past its grace period: the upstream call may
     // act. Refused only once that wait has begun, when nothing has been sent upstream yet.
@@ -225,7 +231,10 @@ fn authenticate(app: &App, headers: &HeaderMap) -> Result<(Arc<Config>, Arc<ApiK
     Ok((config, key))
 }
 
-async fn parse(req: Request<Incoming>) -> Result<(ActBody, Vec<u8>, [u8; 32]), ApiError> {
+async fn parse(
+    req: Request<Incoming>,
+    body_timeout: Duration,
+) -> Result<(ActBody, Vec<u8>, [u8; 32]), ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -241,7 +250,18 @@ async fn parse(req: Request<Incoming>) -> Result<(ActBody, Vec<u8>, [u8; 32]), A
     if declared.is_some_and(|len| len > MAX_BODY as u64) {
         return Err(too_large());
     }
-    let bytes = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+    let collect = Limited::new(req.into_body(), MAX_BODY).collect();
+    let Some(collected) = within(body_timeout, collect).await else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the request body did not arrive within {} ms",
+                body_timeout.as_millis()
+            ),
+        ));
+    };
+    let bytes = match collected {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
         Err(_) => {
@@ -291,6 +311,17 @@ async fn parse(req: Request<Incoming>) -> Result<(ActBody, Vec<u8>, [u8; 32]), A
     })?;
     let digest = canonical::digest(&canonical_params);
     Ok((body, canonical_params, digest))
+}
+
+/// `future`'s output, or `None` when it takes longer than `limit`. One ready at its first poll
+/// (a body that came with its head) arms no timer.
+async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let first = std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
+    match first {
+        Poll::Ready(out) => Some(out),
+        Poll::Pending => tokio::time::timeout(limit, future).await.ok(),
+    }
 }
 
 async fn decide(

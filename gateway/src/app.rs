@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use bytes::Bytes;
 use rusqlite::Connection;
@@ -36,22 +37,16 @@ pub struct App {
     pub pubkey_body: Bytes,
 }
 
-/// What one API key's requests may make the gateway write.
+/// What one API key's requests may cost the gateway: time holding a handler, receipts.
 #[derive(Clone, Copy, Debug)]
 pub struct KeyLimits {
+    /// A request body must arrive whole within this time of its handler starting to read it
+    /// (its head parsed and its key checked); past it, 408 `body_timeout`.
+    pub body_timeout: Duration,
     /// Denied requests (scope, rate limit, registry, vault) receipted per key: a token bucket
     /// of this rate per second and burst. Past it, a denial is refused without a receipt.
     pub denials_per_s: f64,
     pub denials_burst: f64,
-}
-
-impl Default for KeyLimits {
-    fn default() -> Self {
-        KeyLimits {
-            denials_per_s: 10.0,
-            denials_burst: 100.0,
-        }
-    }
 }
 
 /// Each tokio worker thread keeps its own read connection and its current configuration, so

@@ -87,6 +87,7 @@ fn item_15_serve_rejects_out_of_range_values() {
         ("--workers", "0"),
         ("--checkpoint-records", "0"),
         ("--header-timeout-ms", "0"),
+        ("--body-timeout-ms", "0"),
         ("--max-connections", "0"),
         ("--deny-rate", "0"),
         ("--deny-burst", "0"),

@@ -75,6 +75,10 @@ enum Command {
         /// or of its last response (bounds slow headers and idle keep-alive connections).
         #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
         header_timeout_ms: u64,
+        /// A request body must arrive whole within this many ms of its head (default: the
+        /// header timeout); past it, 408 `body_timeout`.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+        body_timeout_ms: Option<u64>,
         /// Connections served at once (default: half the open-file limit, at most 65536). At
         /// the cap, the connections that have waited longest for a request head are closed to
         /// make room; a new one is closed at once only when every one is serving a request.
@@ -254,6 +258,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             batch_wait_us,
             checkpoint_records,
             header_timeout_ms,
+            body_timeout_ms,
             max_connections,
             shutdown_grace_ms,
             deny_rate,
@@ -270,6 +275,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 grace: Duration::from_millis(shutdown_grace_ms),
             };
             let key_limits = KeyLimits {
+                body_timeout: Duration::from_millis(body_timeout_ms.unwrap_or(header_timeout_ms)),
                 denials_per_s: f64::from(deny_rate),
                 denials_burst: f64::from(deny_burst),
             };
