@@ -33,7 +33,7 @@ const SERVING: u64 = 0;
 const RECLAIM_BATCH: usize = 32;
 /// Reclaimed connections still closing, at most: the slots kept beyond the cap for them.
 /// One between requests closes on its next poll, so these are free again within moments.
-pub const HEADROOM: usize = 2 * RECLAIM_BATCH;
+const HEADROOM: usize = 2 * RECLAIM_BATCH;
 /// Reclaims are logged at most this often (ns).
 const LOG_EVERY_NS: u64 = 1_000_000_000;
 
@@ -189,11 +189,17 @@ impl Slots {
         }
         for &(since, index) in &candidates[..n] {
             // Its word may have changed since the scan: the connection decides when told.
-            let Held::Open(tell) = std::mem::replace(&mut inner.held[index], Held::Closing) else {
-                // Told already; a request that began meanwhile had overwritten its word.
-                inner.held[index] = Held::Closing;
-                self.words[index].store(CLOSING, Ordering::Relaxed);
-                continue;
+            let tell = match std::mem::replace(&mut inner.held[index], Held::Closing) {
+                Held::Open(tell) => tell,
+                Held::Closing => {
+                    // Told already: a request that began since then wrote over its word.
+                    self.words[index].store(CLOSING, Ordering::Relaxed);
+                    continue;
+                }
+                Held::Free => {
+                    inner.held[index] = Held::Free;
+                    continue;
+                }
             };
             let _ = tell.send(());
             let _ = self.words[index].compare_exchange(
