@@ -118,7 +118,8 @@ const SERVED_WITHIN: Duration = Duration::from_secs(10);
 
 #[test]
 fn issue37_item1_slow_headers_at_the_cap_give_way_to_a_new_client() {
-    if !raise_own_nofile(FLOOD as u64 + 1024) {
+    // Room for this flood and item 13's, which may run at the same time in this process.
+    if !raise_own_nofile(2 * FLOOD as u64 + 1024) {
         return;
     }
     let demo = Demo::new();
@@ -140,6 +141,13 @@ fn issue37_item1_slow_headers_at_the_cap_give_way_to_a_new_client() {
         held.push(stream);
     }
     let flooded = flood_started.elapsed();
+    // A connection refused outright still counts; one whose connect timed out (a SYN dropped
+    // while the backlog was full) does not.
+    assert!(
+        held.len() >= FLOOD * 9 / 10,
+        "only {} of {FLOOD} flood connections were made",
+        held.len()
+    );
 
     let sent = Instant::now();
     let reply = try_act_within(
@@ -181,10 +189,10 @@ fn raise_own_nofile(want: u64) -> bool {
     if limit.current.is_none_or(|soft| soft >= want) {
         return true;
     }
-    let hard = limit.maximum.map_or(want, |hard| hard.max(want));
     let raised = Rlimit {
         current: Some(want),
-        maximum: Some(hard),
+        // None is unlimited: left so.
+        maximum: limit.maximum.map(|hard| hard.max(want)),
     };
     if setrlimit(Resource::Nofile, raised).is_ok() {
         return true;
@@ -192,7 +200,8 @@ fn raise_own_nofile(want: u64) -> bool {
     let thread = std::thread::current();
     let test = thread.name().unwrap_or("this test");
     eprintln!(
-        "SKIPPED {test}: needs {want} open files (hard limit {:?}; root may raise it)",
+        "SKIPPED {test}: needs {want} open files (hard limit {:?}; raising it needs root's \
+         CAP_SYS_RESOURCE)",
         limit.maximum
     );
     false
