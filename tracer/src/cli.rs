@@ -70,13 +70,14 @@ pub struct RecordArgs {
     /// doubles (measured at 25% load).
     #[arg(long)]
     pub wait_for: bool,
-    /// Also write every event read, 40 bytes each, to this file (for validate's cross-check).
-    /// Kernel-only mode's DATA records are not in it (see --raw-data); its PROCESS events are.
+    /// Also write every event read, 40 bytes each after a header line, to this file (for
+    /// validate's cross-check). Kernel-only mode's DATA records are not in it (see --raw-data);
+    /// its PROCESS events are.
     #[arg(long)]
     pub raw_events: Option<PathBuf>,
     /// Kernel-only mode: also write every DATA record, in timestamp order, to this file as the
-    /// kernel wrote it (`tracer_ebpf::abi::DataEvent`, 560 bytes each; read back with
-    /// `tracer::events::data::read_dump`). For tests and for replaying a capture.
+    /// kernel wrote it, after a header line (`tracer_ebpf::abi::DataEvent`, 560 bytes each; read
+    /// back with `tracer::events::data::read_dump`). For tests and for replaying a capture.
     #[arg(long, hide = true)]
     pub raw_data: Option<PathBuf>,
     /// How to hook syscalls and sockets: `auto` takes fentry, else kprobes, else tracepoints;

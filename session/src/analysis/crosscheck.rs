@@ -25,6 +25,10 @@ use tracer_ebpf::sites::Site;
 use super::dist::{Dist, DistUs};
 use crate::breakdown::{self, KernelHist};
 
+/// The line a dump starts with, before its records: it tells a dump from any other file (the
+/// tracer's `--overwrite` replaces only a file that starts with it).
+pub const DUMP_HEADER: &[u8] = b"tracer --raw-events 1\n";
+
 /// Bytes of one record: `Event` as little-endian fields, no padding.
 pub const RECORD_BYTES: usize = 40;
 
@@ -52,17 +56,30 @@ fn decode(b: &[u8; RECORD_BYTES]) -> Event {
     }
 }
 
-/// Reads a raw dump; a trailing partial record is an error (a truncated file).
+/// Reads a raw dump; a missing header or a trailing partial record is an error.
 pub fn read_dump(path: &Path) -> Result<Vec<Event>> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let len = file.metadata()?.len();
+    let len = file
+        .metadata()?
+        .len()
+        .saturating_sub(DUMP_HEADER.len() as u64);
+    let mut input = BufReader::with_capacity(1 << 20, file);
+    let mut header = [0u8; DUMP_HEADER.len()];
+    if input.read_exact(&mut header).is_err() || header != DUMP_HEADER {
+        bail!(
+            "{} is not a --raw-events dump (it does not start with {:?}); record one with \
+             `tracer record --raw-events FILE`",
+            path.display(),
+            String::from_utf8_lossy(DUMP_HEADER)
+        );
+    }
     if len % RECORD_BYTES as u64 != 0 {
         bail!(
-            "{}: {len} bytes is not a whole number of {RECORD_BYTES}-byte events (truncated?)",
+            "{}: {len} bytes of records is not a whole number of {RECORD_BYTES}-byte events \
+             (truncated?)",
             path.display()
         );
     }
-    let mut input = BufReader::with_capacity(1 << 20, file);
     let mut events = Vec::with_capacity((len / RECORD_BYTES as u64) as usize);
     let mut buf = [0u8; RECORD_BYTES];
     loop {
@@ -358,13 +375,17 @@ mod tests {
             ev(5, 1, kind::SYSCALL, syscall::FDATASYNC, [2, 9, u64::MAX]),
             ev(7, 2, kind::SWITCH_IN, 0, [0; 3]),
         ];
-        let bytes: Vec<u8> = events.iter().flat_map(encode).collect();
-        std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(bytes.len(), 80);
+        let records: Vec<u8> = events.iter().flat_map(encode).collect();
+        assert_eq!(records.len(), 80);
+        std::fs::write(&path, [DUMP_HEADER, &records].concat()).unwrap();
         assert_eq!(read_dump(&path).unwrap(), events);
-        std::fs::write(&path, [0u8; 41]).unwrap();
+        std::fs::write(&path, [DUMP_HEADER, &[0u8; 41]].concat()).unwrap();
         let err = read_dump(&path).unwrap_err().to_string();
         assert!(err.contains("truncated"), "{err}");
+        // A headerless file (an older dump, or not a dump at all) is refused, saying why.
+        std::fs::write(&path, &records).unwrap();
+        let err = read_dump(&path).unwrap_err().to_string();
+        assert!(err.contains("is not a --raw-events dump"), "{err}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use serde_json::json;
 use tracer_ebpf::abi::Event;
 
 use super::cost::CostMeter;
-use super::raw_dump::RawDump;
+use super::raw_dump::{Kind, RawDump};
 use crate::events::data::Data;
 use crate::report::SessionWriter;
 use crate::requests::SessionRebuilder;
@@ -27,7 +27,8 @@ pub struct Hooks {
 }
 
 impl Hooks {
-    /// Call once every program is attached. `overwrite`: replace an existing `raw_events`.
+    /// Call once every program is attached. `overwrite`: replace an earlier dump at
+    /// `raw_events` or `raw_data`.
     pub fn start(
         raw_events: Option<&Path>,
         raw_data: Option<&Path>,
@@ -36,10 +37,10 @@ impl Hooks {
         bpf_stats: bool,
     ) -> Result<Hooks> {
         let raw = raw_events
-            .map(|path| RawDump::create(path, overwrite))
+            .map(|path| RawDump::create(Kind::Events, path, overwrite))
             .transpose()?;
         let raw_data = raw_data
-            .map(|path| RawDump::create(path, overwrite))
+            .map(|path| RawDump::create(Kind::Data, path, overwrite))
             .transpose()?;
         Ok(Hooks {
             raw,
@@ -80,13 +81,9 @@ impl Hooks {
         rebuilder: &SessionRebuilder,
         writer: &mut SessionWriter,
     ) -> Result<()> {
-        let raw_events = self
-            .raw
-            .take()
-            .map(|raw| raw.finish("--raw-events"))
-            .transpose()?;
+        let raw_events = self.raw.take().map(RawDump::finish).transpose()?;
         if let Some(dump) = self.raw_data.take() {
-            let n = dump.finish("--raw-data")?;
+            let n = dump.finish()?;
             say!("tracer: --raw-data: {n} data records written");
         }
         if let Some(kernel) = rebuilder.kernel() {

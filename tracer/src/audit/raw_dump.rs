@@ -8,15 +8,40 @@ use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use session::analysis::crosscheck::encode;
+use session::analysis::crosscheck;
 use tracer_ebpf::abi::Event;
 
-use crate::events::data::Data;
+use crate::events::data::{self, Data};
 
-/// A dump of records back to back: `--raw-events` (every event, 40 bytes each, in the order
-/// read) or `--raw-data` (every DATA record as the kernel wrote it,
-/// `events::data::read_dump`). The first write error is kept and said at [`RawDump::finish`].
+/// Which dump: `--raw-events` (every event, 40 bytes each, in the order read) or `--raw-data`
+/// (every DATA record as the kernel wrote it, `events::data::read_dump`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Events,
+    Data,
+}
+
+impl Kind {
+    pub fn flag(self) -> &'static str {
+        match self {
+            Kind::Events => "--raw-events",
+            Kind::Data => "--raw-data",
+        }
+    }
+
+    /// The line the dump starts with, before its records.
+    pub fn header(self) -> &'static [u8] {
+        match self {
+            Kind::Events => crosscheck::DUMP_HEADER,
+            Kind::Data => data::DUMP_HEADER,
+        }
+    }
+}
+
+/// A dump: its [`Kind::header`], then records back to back. The first write error is kept
+/// and said at [`RawDump::finish`].
 pub struct RawDump {
+    kind: Kind,
     out: BufWriter<File>,
     written: u64,
     error: Option<io::Error>,
@@ -24,9 +49,15 @@ pub struct RawDump {
 
 impl RawDump {
     /// Creates `path` as a session's outputs are created (`overwrite`: `--overwrite`).
-    pub fn create(path: &Path, overwrite: bool) -> Result<RawDump> {
-        let file = crate::out_dir::create_file_at(path, overwrite)?;
+    pub fn create(kind: Kind, path: &Path, overwrite: bool) -> Result<RawDump> {
+        let flag = kind.flag();
+        let mut file = crate::out_dir::create_file_at(path, overwrite).context(flag)?;
+        // Unbuffered: even a session that dies before its first flush leaves a file that
+        // says what it is.
+        file.write_all(kind.header())
+            .with_context(|| format!("writing {flag} {}", path.display()))?;
         Ok(RawDump {
+            kind,
             out: BufWriter::with_capacity(1 << 20, file),
             written: 0,
             error: None,
@@ -34,11 +65,11 @@ impl RawDump {
     }
 
     pub fn event(&mut self, event: &Event) {
-        self.record(&encode(event));
+        self.record(&crosscheck::encode(event));
     }
 
     pub fn data(&mut self, data: &Data) {
-        self.record(crate::events::data::encode(&data.to_event()));
+        self.record(data::encode(&data.to_event()));
     }
 
     fn record(&mut self, bytes: &[u8]) {
@@ -51,8 +82,9 @@ impl RawDump {
         }
     }
 
-    /// The records written, or the first error; `flag` names the dump in it.
-    pub fn finish(mut self, flag: &str) -> Result<u64> {
+    /// The records written, or the first error (naming the dump's flag).
+    pub fn finish(mut self) -> Result<u64> {
+        let flag = self.kind.flag();
         if let Some(e) = self.error.take() {
             return Err(e).with_context(|| format!("writing {flag}"));
         }
@@ -85,12 +117,37 @@ mod tests {
             sub,
             args,
         });
-        let mut dump = RawDump::create(&path, false).unwrap();
+        let mut dump = RawDump::create(Kind::Events, &path, false).unwrap();
         for e in &events {
             dump.event(e);
         }
-        assert_eq!(dump.finish("--raw-events").unwrap(), 2);
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), 80);
+        assert_eq!(dump.finish().unwrap(), 2);
+        let header = crosscheck::DUMP_HEADER.len() as u64;
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), header + 80);
         assert_eq!(read_dump(&path).unwrap(), events);
+    }
+
+    #[test]
+    fn the_data_dump_reads_back_as_events_data_reads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("raw.data");
+        let record = Data {
+            enter_ns: 3,
+            exit_ns: 5,
+            tgid: 7,
+            tid: 8,
+            fd: 9,
+            syscall: syscall::READ,
+            len: 100,
+            bytes: b"GET / HTTP/1.1\r\n".to_vec(),
+        };
+        let mut dump = RawDump::create(Kind::Data, &path, false).unwrap();
+        dump.data(&record);
+        assert_eq!(dump.finish().unwrap(), 1);
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.starts_with(data::DUMP_HEADER));
+        assert_eq!(data::read_dump(&bytes).unwrap(), [record]);
+        let err = data::read_dump(&bytes[data::DUMP_HEADER.len()..]).unwrap_err();
+        assert!(err.to_string().contains("not a --raw-data dump"), "{err}");
     }
 }

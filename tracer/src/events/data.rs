@@ -84,6 +84,10 @@ impl Data {
     }
 }
 
+/// The line a `--raw-data` dump starts with, before its records: it tells a dump from any other
+/// file (`--overwrite` replaces only a file that starts with it).
+pub const DUMP_HEADER: &[u8] = b"tracer --raw-data 1\n";
+
 /// A record's bytes as the kernel wrote them (the `--raw-data` dump's format).
 pub fn encode(record: &DataEvent) -> &[u8] {
     // SAFETY: viewing a repr(C) struct without padding as bytes.
@@ -102,8 +106,16 @@ pub fn data_event(bytes: &[u8]) -> Option<DataEvent> {
         .then(|| unsafe { bytes.as_ptr().cast::<DataEvent>().read_unaligned() })
 }
 
-/// Reads a `--raw-data` dump: [`DataEvent`]s back to back, each turned into [`Data`].
+/// Reads a `--raw-data` dump: [`DUMP_HEADER`], then [`DataEvent`]s back to back, each turned
+/// into [`Data`].
 pub fn read_dump(bytes: &[u8]) -> anyhow::Result<Vec<Data>> {
+    let bytes = bytes.strip_prefix(DUMP_HEADER).ok_or_else(|| {
+        anyhow::anyhow!(
+            "not a --raw-data dump (it does not start with {:?}); record one with \
+             `tracer record --raw-data FILE`",
+            String::from_utf8_lossy(DUMP_HEADER)
+        )
+    })?;
     let size = size_of::<DataEvent>();
     anyhow::ensure!(
         bytes.len().is_multiple_of(size),
