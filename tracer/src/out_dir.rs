@@ -56,6 +56,12 @@ impl Owner {
         let gid = Gid::from_raw(id("SUDO_GID", gid)?);
         Ok(Some(Owner { uid, gid }))
     }
+
+    /// The uid whose directories and files a session may use: `owner`'s (sudo's user), else
+    /// the tracer's own.
+    fn uid_of(owner: Option<Owner>) -> Uid {
+        owner.map_or_else(geteuid, |owner| owner.uid)
+    }
 }
 
 /// An open output directory; clones share the one fd.
@@ -120,26 +126,7 @@ impl OutDir {
                     .with_context(|| format!("handing {shown} to uid {}", owner.uid.as_raw()))?;
             }
         }
-        let stat = fstat(&fd).with_context(|| format!("stat {shown}"))?;
-        let me = geteuid();
-        let ours =
-            stat.st_uid == me.as_raw() || owner.is_some_and(|o| o.uid.as_raw() == stat.st_uid);
-        if !ours {
-            bail!(
-                "refusing output directory {shown}: it is owned by uid {}, not by uid {}{}; \
-                 choose a directory of your own",
-                stat.st_uid,
-                me.as_raw(),
-                owner.map_or(String::new(), |o| format!(" or {}", o.uid.as_raw())),
-            );
-        }
-        if stat.st_mode & 0o022 != 0 {
-            bail!(
-                "refusing output directory {shown}: it is group- or other-writable (mode {:o}), \
-                 so another user could plant links in it; use a directory only you can write",
-                stat.st_mode & 0o7777
-            );
-        }
+        check_dir(&fd, &format!("output directory {shown}"), owner)?;
         if !created && !overwrite {
             let mut entries = Dir::read_from(&fd).with_context(|| format!("listing {shown}"))?;
             for entry in &mut entries {
@@ -196,6 +183,29 @@ impl OutDir {
     pub fn remove(&self, name: &str) -> io::Result<()> {
         Ok(unlinkat(&self.inner.fd, name, AtFlags::empty())?)
     }
+}
+
+/// Refuses a directory (`what` names it) that is not the session's user's (`owner`, else
+/// ours: under sudo a root-owned one is refused too) or that others can write.
+fn check_dir(dir: impl AsFd, what: &str, owner: Option<Owner>) -> Result<()> {
+    let stat = fstat(dir).with_context(|| format!("stat {what}"))?;
+    let uid = Owner::uid_of(owner).as_raw();
+    if stat.st_uid != uid {
+        bail!(
+            "refusing {what}: it is owned by uid {}, not by uid {uid}{}; choose a directory of \
+             your own",
+            stat.st_uid,
+            if owner.is_some() { " (SUDO_UID)" } else { "" },
+        );
+    }
+    if stat.st_mode & 0o022 != 0 {
+        bail!(
+            "refusing {what}: it is group- or other-writable (mode {:o}), so another user could \
+             plant links in it; use a directory only you can write",
+            stat.st_mode & 0o7777
+        );
+    }
+    Ok(())
 }
 
 /// Creates a file outside any [`OutDir`] (`--raw-events FILE`) with the same rules: O_EXCL and
@@ -432,6 +442,29 @@ mod tests {
         ] {
             assert!(ids(uid, gid).is_err(), "{uid:?}:{gid:?}");
         }
+    }
+
+    fn nobody() -> Owner {
+        Owner {
+            uid: Uid::from_raw(NOBODY),
+            gid: Gid::from_raw(NOBODY),
+        }
+    }
+
+    #[test]
+    fn under_sudo_a_root_owned_output_directory_is_refused() {
+        if skip_unless_root("under_sudo_a_root_owned_output_directory_is_refused") {
+            return;
+        }
+        let (_temp, dir, _) = setup();
+        std::fs::create_dir(&dir).unwrap();
+        let refused = message(OutDir::open_for(&dir, true, Some(nobody())));
+        assert!(
+            refused.contains("owned by uid 0, not by uid 65534 (SUDO_UID)"),
+            "{refused}"
+        );
+        // Created by the session, it is handed to sudo's user first, and taken.
+        OutDir::open_for(&dir.join("new"), false, Some(nobody())).unwrap();
     }
 
     #[test]
