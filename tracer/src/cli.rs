@@ -43,7 +43,7 @@ pub struct RecordArgs {
     #[arg(long, default_value = "tracer-out")]
     pub out: PathBuf,
     /// Record into a non-empty --out, replacing the files this session writes there (and an
-    /// existing --raw-events file); other files stay.
+    /// earlier session's --raw-events dump); other files stay.
     #[arg(long)]
     pub overwrite: bool,
     /// cpu-clock sampling frequency of the gateway's threads (two stack walks a sample);

@@ -2,20 +2,24 @@
 //! (never through a symlink), refused unless it is ours and only we can write it, and every
 //! file in it created relative to that fd with O_CREAT|O_EXCL|O_NOFOLLOW. A symlink planted at
 //! `requests.csv` therefore fails the session instead of redirecting a root write. Under sudo
-//! every output is handed to the invoking user.
+//! every output is handed to the invoking user. A dump outside the directory (`--raw-events`,
+//! `--raw-data`) has the same rules, its parent directory standing in for the output directory.
 
 use std::{
     ffi::OsStr,
     fs::File,
-    io::{self, Write as _},
-    os::fd::{AsFd, OwnedFd},
+    io::{self, Read as _, Write as _},
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
     sync::Arc,
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, anyhow, bail};
 use rustix::{
-    fs::{AtFlags, CWD, Dir, Mode, OFlags, fchmod, fchown, fstat, mkdirat, openat, unlinkat},
+    fs::{
+        AtFlags, CWD, Dir, FileType, Mode, OFlags, ResolveFlags, fchmod, fchown, fstat, mkdirat,
+        openat, openat2, statat, unlinkat,
+    },
     io::Errno,
     process::{Gid, Uid, geteuid},
 };
@@ -208,11 +212,112 @@ fn check_dir(dir: impl AsFd, what: &str, owner: Option<Owner>) -> Result<()> {
     Ok(())
 }
 
-/// Creates a file outside any [`OutDir`] (`--raw-events FILE`) with the same rules: O_EXCL and
-/// O_NOFOLLOW, unlinking an old one only with `overwrite`, handed to sudo's user.
-pub fn create_file_at(path: &Path, overwrite: bool) -> Result<File> {
-    create_at(CWD, path.as_os_str(), overwrite, Owner::from_sudo()?)
-        .with_context(|| format!("creating {}", path.display()))
+/// Creates a dump outside any [`OutDir`] (`--raw-events FILE`, `--raw-data FILE`) by the same
+/// rules, its parent directory standing in for the output directory, and writes `header`, the
+/// line every such dump starts with. See [`create_file_at_for`].
+pub fn create_file_at(path: &Path, overwrite: bool, header: &[u8]) -> Result<File> {
+    create_file_at_for(path, overwrite, header, Owner::from_sudo()?)
+}
+
+/// [`create_file_at`] for `owner`: the parent directory, reached without any symlink, must be
+/// theirs and not writable by others; the file is created O_EXCL|O_NOFOLLOW and handed to them.
+/// `overwrite` replaces only what a session wrote: a regular file of theirs that starts with
+/// `header`.
+fn create_file_at_for(
+    path: &Path,
+    overwrite: bool,
+    header: &[u8],
+    owner: Option<Owner>,
+) -> Result<File> {
+    let shown = path.display();
+    let name = path
+        .file_name()
+        .with_context(|| format!("{shown} names no file; give a file's path"))?;
+    let parent = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let dir = open_dir_without_symlinks(parent).with_context(|| format!("creating {shown}"))?;
+    check_dir(&dir, &format!("directory {}", parent.display()), owner)
+        .with_context(|| format!("creating {shown}"))?;
+    if overwrite {
+        check_replaceable(dir.as_fd(), name, header, owner)
+            .with_context(|| format!("replacing {shown}"))?;
+    }
+    let mut file =
+        create_at(&dir, name, overwrite, owner).with_context(|| format!("creating {shown}"))?;
+    file.write_all(header)
+        .with_context(|| format!("writing {shown}"))?;
+    Ok(file)
+}
+
+/// Opens the directory at `path` without following a symlink anywhere on the way.
+fn open_dir_without_symlinks(path: &Path) -> Result<OwnedFd> {
+    let shown = path.display();
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    openat2(CWD, path, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS).map_err(|e| match e {
+        Errno::LOOP => anyhow!(
+            "refusing directory {shown}: its path goes through a symlink; give the real path \
+             (`realpath` prints it)"
+        ),
+        Errno::NOTDIR => anyhow!("{shown} is not a directory"),
+        Errno::NOENT => anyhow!("directory {shown} does not exist; create it first"),
+        e => anyhow::Error::from(io::Error::from(e)).context(format!("opening directory {shown}")),
+    })
+}
+
+/// What `--overwrite` may remove at `name` in `dir`: nothing, or a file a session wrote, i.e.
+/// a regular file of `owner`'s (else ours) that starts with `header`. Anything else is refused.
+fn check_replaceable(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    header: &[u8],
+    owner: Option<Owner>,
+) -> Result<()> {
+    let refuse = |what: String| {
+        anyhow!(
+            "refusing to remove it: {what}, so no tracer session wrote it (--overwrite replaces \
+             only an earlier dump); remove it yourself or choose another path"
+        )
+    };
+    let stat = match statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => stat,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(io::Error::from(e).into()),
+    };
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::RegularFile => {}
+        FileType::Symlink => return Err(refuse("it is a symlink".into())),
+        FileType::Directory => return Err(refuse("it is a directory".into())),
+        _ => return Err(refuse("it is not a regular file".into())),
+    }
+    let uid = Owner::uid_of(owner).as_raw();
+    if stat.st_uid != uid {
+        return Err(refuse(format!(
+            "it is owned by uid {}, not by uid {uid}",
+            stat.st_uid
+        )));
+    }
+    // O_NONBLOCK: a FIFO swapped in after the stat must not hang the open.
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = openat(dir, name, flags, Mode::empty()).map_err(io::Error::from)?;
+    let opened = fstat(&fd)?;
+    if (opened.st_dev, opened.st_ino) != (stat.st_dev, stat.st_ino) {
+        return Err(refuse("it changed while it was checked".into()));
+    }
+    let mut start = vec![0; header.len()];
+    let whole = match File::from(fd).read_exact(&mut start) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => false,
+        Err(e) => return Err(e.into()),
+    };
+    if !whole || start != header {
+        return Err(refuse(format!(
+            "it does not start with {:?}",
+            String::from_utf8_lossy(header)
+        )));
+    }
+    Ok(())
 }
 
 fn create_at(
@@ -444,11 +549,17 @@ mod tests {
         }
     }
 
+    const EVENTS: &[u8] = session::analysis::crosscheck::DUMP_HEADER;
+
     fn nobody() -> Owner {
         Owner {
             uid: Uid::from_raw(NOBODY),
             gid: Gid::from_raw(NOBODY),
         }
+    }
+
+    fn dump_at(path: &Path, overwrite: bool, owner: Option<Owner>) -> Result<File> {
+        create_file_at_for(path, overwrite, EVENTS, owner)
     }
 
     #[test]
@@ -467,15 +578,140 @@ mod tests {
         OutDir::open_for(&dir.join("new"), false, Some(nobody())).unwrap();
     }
 
+    /// `sudo tracer record --raw-events /etc/ld.so.preload`: a root-owned directory (with a
+    /// root file in it) stands for /etc, nobody for the user who ran sudo.
     #[test]
-    fn raw_events_file_is_created_with_the_same_rules() {
+    fn raw_outputs_do_not_create_any_path_as_root() {
+        if skip_unless_root("raw_outputs_do_not_create_any_path_as_root") {
+            return;
+        }
+        let temp = tempfile::tempdir().unwrap();
+        let etc = temp.path().join("etc");
+        std::fs::create_dir(&etc).unwrap();
+        std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let preload = etc.join("ld.so.preload");
+        for overwrite in [false, true] {
+            let refused = message(dump_at(&preload, overwrite, Some(nobody())));
+            assert!(
+                refused.contains(&format!("refusing directory {}", etc.display()))
+                    && refused.contains("owned by uid 0, not by uid 65534 (SUDO_UID)"),
+                "{refused}"
+            );
+            assert!(!preload.exists(), "nothing was created");
+        }
+        std::fs::write(&preload, EVENTS).unwrap();
+        let refused = message(dump_at(&preload, true, Some(nobody())));
+        assert!(refused.contains("owned by uid 0"), "{refused}");
+        let meta = std::fs::metadata(&preload).unwrap();
+        assert_eq!(
+            (meta.uid(), std::fs::read(&preload).unwrap()),
+            (0, EVENTS.to_vec())
+        );
+
+        // In a directory of sudo's user the dump is made, and handed to them.
+        let home = temp.path().join("home");
+        std::fs::create_dir(&home).unwrap();
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(&home, Some(NOBODY), Some(NOBODY)).unwrap();
+        let raw = home.join("raw.events");
+        dump_at(&raw, false, Some(nobody())).unwrap();
+        let meta = std::fs::metadata(&raw).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (NOBODY, NOBODY));
+        assert_eq!(std::fs::read(&raw).unwrap(), EVENTS);
+        // A dump of another owner (root's, in the user's directory) is not replaced.
+        std::os::unix::fs::chown(&raw, Some(0), Some(0)).unwrap();
+        let refused = message(dump_at(&raw, true, Some(nobody())));
+        assert!(
+            refused.contains("owned by uid 0, not by uid 65534")
+                && refused.contains("refusing to remove it"),
+            "{refused}"
+        );
+        assert_eq!(std::fs::metadata(&raw).unwrap().uid(), 0);
+    }
+
+    #[test]
+    fn a_raw_output_through_a_symlink_is_refused() {
+        let temp = tempfile::tempdir().unwrap();
+        let real = temp.path().join("real");
+        std::fs::create_dir_all(real.join("sub")).unwrap();
+        let link = temp.path().join("link");
+        symlink(&real, &link).unwrap();
+        // The link as an intermediate component, and as the directory itself.
+        for path in [link.join("sub").join("raw.events"), link.join("raw.events")] {
+            let refused = message(dump_at(&path, true, None));
+            assert!(
+                refused.contains("goes through a symlink") && refused.contains("realpath"),
+                "{refused}"
+            );
+        }
+        assert!(!real.join("raw.events").exists() && !real.join("sub/raw.events").exists());
+        dump_at(&real.join("sub").join("raw.events"), false, None).unwrap();
+        let refused = message(dump_at(
+            &temp.path().join("missing/raw.events"),
+            false,
+            None,
+        ));
+        assert!(refused.contains("does not exist"), "{refused}");
+        let refused = message(dump_at(&real.join(".."), false, None));
+        assert!(refused.contains("names no file"), "{refused}");
+    }
+
+    #[test]
+    fn a_raw_output_in_a_directory_others_can_write_is_refused() {
+        let temp = tempfile::tempdir().unwrap();
+        let raw = temp.path().join("raw.events");
+        for mode in [0o775, 0o757, 0o1777] {
+            std::fs::set_permissions(temp.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+            let refused = message(dump_at(&raw, false, None));
+            assert!(
+                refused.contains("group- or other-writable")
+                    && refused.contains(&temp.path().display().to_string()),
+                "{mode:o}: {refused}"
+            );
+            assert!(!raw.exists());
+        }
+    }
+
+    #[test]
+    fn overwrite_replaces_an_earlier_dump_and_nothing_else() {
         let (temp, _, victim) = setup();
         let raw = temp.path().join("raw.events");
+        // Not replaced: a file no session wrote (a dump of the other kind included), a
+        // symlink, a directory. Each is left as it was.
+        let data_dump = [crate::events::data::DUMP_HEADER, b"records"].concat();
+        for planted in [&b"precious"[..], &EVENTS[..EVENTS.len() - 1], &data_dump] {
+            std::fs::write(&raw, planted).unwrap();
+            let refused = message(dump_at(&raw, true, None));
+            assert!(
+                refused.contains("does not start with")
+                    && refused.contains(&raw.display().to_string()),
+                "{refused}"
+            );
+            assert_eq!(std::fs::read(&raw).unwrap(), planted);
+        }
+        std::fs::remove_file(&raw).unwrap();
         symlink(&victim, &raw).unwrap();
-        let refused = message(create_file_at(&raw, false));
-        assert!(refused.contains("already exists"), "{refused}");
-        create_file_at(&raw, true).unwrap().write_all(b"x").unwrap();
+        let refused = message(dump_at(&raw, true, None));
+        assert!(refused.contains("it is a symlink"), "{refused}");
+        assert!(raw.is_symlink());
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
-        assert!(!raw.is_symlink());
+        std::fs::remove_file(&raw).unwrap();
+        std::fs::create_dir(&raw).unwrap();
+        let refused = message(dump_at(&raw, true, None));
+        assert!(refused.contains("it is a directory"), "{refused}");
+        std::fs::remove_dir(&raw).unwrap();
+
+        // An earlier dump: kept without --overwrite, replaced with it.
+        dump_at(&raw, false, None)
+            .unwrap()
+            .write_all(b"old records")
+            .unwrap();
+        let refused = message(dump_at(&raw, false, None));
+        assert!(refused.contains("already exists"), "{refused}");
+        dump_at(&raw, true, None)
+            .unwrap()
+            .write_all(b"new")
+            .unwrap();
+        assert_eq!(std::fs::read(&raw).unwrap(), [EVENTS, b"new"].concat());
     }
 }

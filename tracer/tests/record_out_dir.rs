@@ -12,6 +12,16 @@ fn fixture_child() {
     }
 }
 
+/// A new directory `name` in `parent`, mode 0755 whatever the umask: a group-writable one
+/// would be refused for that reason instead.
+fn dir_0755(parent: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let dir = parent.join(name);
+    std::fs::create_dir(&dir).unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(&dir, mode).unwrap();
+    dir
+}
+
 #[test]
 fn item1_a_link_planted_at_requests_csv_is_never_followed() {
     if !require_root() {
@@ -20,11 +30,7 @@ fn item1_a_link_planted_at_requests_csv_is_never_followed() {
     let temp = tempfile::tempdir().unwrap();
     let victim = temp.path().join("victim");
     std::fs::write(&victim, "precious").unwrap();
-    let out = temp.path().join("session");
-    std::fs::create_dir(&out).unwrap();
-    // Whatever the umask: a group-writable --out would be refused for that reason instead.
-    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
-    std::fs::set_permissions(&out, mode).unwrap();
+    let out = dir_0755(temp.path(), "session");
     std::os::unix::fs::symlink(&victim, out.join("requests.csv")).unwrap();
 
     let me = std::env::current_exe().unwrap();
@@ -51,4 +57,41 @@ fn item1_a_link_planted_at_requests_csv_is_never_followed() {
             .unwrap()
             .starts_with("request_id,")
     );
+}
+
+/// `sudo tracer record --raw-events /etc/ld.so.preload`: a root-owned directory stands for
+/// /etc, SUDO_UID=65534 for the user who ran sudo. Neither dump is made there.
+#[test]
+fn raw_outputs_do_not_create_any_path_as_root_under_sudo() {
+    if !require_root() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let etc = dir_0755(temp.path(), "etc");
+    let preload = etc.join("ld.so.preload");
+    let preload_arg = preload.to_str().unwrap();
+    let out = temp.path().join("session");
+
+    let me = std::env::current_exe().unwrap();
+    let fixture = spawn_fixture(&me, 600.0);
+    for flag in ["--raw-events", "--raw-data"] {
+        let extra = ["--no-calibrate", "--duration", "1", "--overwrite"];
+        let args = record_args(
+            fixture.pid(),
+            &out,
+            &[&extra[..], &[flag, preload_arg]].concat(),
+        );
+        let output = tracer()
+            .args(&args)
+            .env("SUDO_UID", "65534")
+            .env("SUDO_GID", "65534")
+            .output()
+            .unwrap();
+        let stderr = testproc::failed_stderr(&output);
+        assert!(
+            stderr.contains(flag) && stderr.contains("owned by uid 0, not by uid 65534"),
+            "{stderr}"
+        );
+        assert!(!preload.exists(), "{flag} made {}", preload.display());
+    }
 }

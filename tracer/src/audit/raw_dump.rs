@@ -50,12 +50,10 @@ pub struct RawDump {
 impl RawDump {
     /// Creates `path` as a session's outputs are created (`overwrite`: `--overwrite`).
     pub fn create(kind: Kind, path: &Path, overwrite: bool) -> Result<RawDump> {
-        let flag = kind.flag();
-        let mut file = crate::out_dir::create_file_at(path, overwrite).context(flag)?;
-        // Unbuffered: even a session that dies before its first flush leaves a file that
-        // says what it is.
-        file.write_all(kind.header())
-            .with_context(|| format!("writing {flag} {}", path.display()))?;
+        // create_file_at writes the header unbuffered: even a session that dies before its
+        // first flush leaves a file that says what it is (and that --overwrite may replace).
+        let file =
+            crate::out_dir::create_file_at(path, overwrite, kind.header()).context(kind.flag())?;
         Ok(RawDump {
             kind,
             out: BufWriter::with_capacity(1 << 20, file),
