@@ -1,8 +1,9 @@
 //! The session's output directory, written as root without trusting its contents: opened once
 //! (never through a symlink), refused unless it is ours and only we can write it, and every
 //! file in it created relative to that fd with O_CREAT|O_EXCL|O_NOFOLLOW. A symlink planted at
-//! `requests.csv` therefore fails the session instead of redirecting a root write. Under sudo
-//! every output is handed to the invoking user. A dump outside the directory (`--raw-events`,
+//! `requests.csv` therefore fails the session instead of redirecting a root write. A missing
+//! directory is made only in one that passes the same checks. Under sudo every output is
+//! handed to the invoking user. A dump outside the directory (`--raw-events`,
 //! `--raw-data`) has the same rules, its parent directory standing in for the output directory.
 
 use std::{
@@ -84,9 +85,10 @@ struct Inner {
 }
 
 impl OutDir {
-    /// Opens `path` (creating it, 0755, if missing) for a session's outputs: refuses a
-    /// directory someone else owns, one others can write, and, without `overwrite`, one
-    /// that already holds anything. Outputs go to `SUDO_UID` under sudo.
+    /// Opens `path` (creating it, 0755, if missing) for a session's outputs: refuses a path
+    /// through a symlink, a directory someone else owns, one others can write, and, without
+    /// `overwrite`, one that already holds anything. A missing one is made only in a directory
+    /// that passes the same checks. Outputs go to `SUDO_UID` under sudo.
     pub fn open(path: &Path, overwrite: bool) -> Result<OutDir> {
         Self::open_for(path, overwrite, Owner::from_sudo()?)
     }
@@ -94,33 +96,8 @@ impl OutDir {
     /// [`Self::open`] with the outputs handed to `owner` (if any) instead of sudo's user.
     pub fn open_for(path: &Path, overwrite: bool, owner: Option<Owner>) -> Result<OutDir> {
         let shown = path.display();
-        // Missing parents are made as `create_dir_all` would (the rules below are the last
-        // component's: the directory the outputs go in).
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).with_context(|| {
-                format!(
-                    "creating output directory {shown}: its parent {}",
-                    parent.display()
-                )
-            })?;
-        }
-        let created = match mkdirat(CWD, path, Mode::from_raw_mode(0o755)) {
-            Ok(()) => true,
-            Err(Errno::EXIST) => false,
-            Err(e) => {
-                return Err(io::Error::from(e))
-                    .with_context(|| format!("creating output directory {shown}"));
-            }
-        };
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = openat(CWD, path, flags, Mode::empty()).map_err(|e| match e {
-            Errno::LOOP | Errno::NOTDIR => anyhow::anyhow!(
-                "output directory {shown} is a symlink or not a directory; give the real \
-                 directory's path"
-            ),
-            e => anyhow::Error::from(io::Error::from(e))
-                .context(format!("opening output directory {shown}")),
-        })?;
+        let (fd, created) =
+            open_or_create(path, owner).with_context(|| format!("output directory {shown}"))?;
         if created {
             // Exactly 0755 whatever the umask: the check below refuses group-writable.
             fchmod(&fd, Mode::from_raw_mode(0o755))
@@ -212,6 +189,76 @@ fn check_dir(dir: impl AsFd, what: &str, owner: Option<Owner>) -> Result<()> {
     Ok(())
 }
 
+/// The output directory `path`, opened with no symlink on the way, and whether this call made
+/// it. A missing one is made only in a directory [`check_dir`] accepts, so that root makes no
+/// directory where the session's user could not (under sudo, a drop-in directory in /etc).
+fn open_or_create(path: &Path, owner: Option<Owner>) -> Result<(OwnedFd, bool)> {
+    let Some(parent) = Parent::open(path)? else {
+        // `/`, `.` or `..`: nothing to create.
+        return Ok((open_dir_without_symlinks(path)?, false));
+    };
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let open = || openat(&parent.dir, parent.name, flags, Mode::empty());
+    let refused = |e| match e {
+        Errno::LOOP | Errno::NOTDIR => {
+            anyhow!("it is a symlink or not a directory; give the real directory's path")
+        }
+        e => anyhow::Error::from(io::Error::from(e)),
+    };
+    let created = match open() {
+        Ok(fd) => return Ok((fd, false)),
+        Err(Errno::NOENT) => {
+            let creating = "it does not exist, and is made only in a directory of yours that \
+                            only you can write (or make it yourself)";
+            parent.check(owner).context(creating)?;
+            match mkdirat(&parent.dir, parent.name, Mode::from_raw_mode(0o755)) {
+                Ok(()) => true,
+                // Made meanwhile: opened and checked as any existing one.
+                Err(Errno::EXIST) => false,
+                Err(e) => return Err(io::Error::from(e)).context("creating it"),
+            }
+        }
+        Err(e) => return Err(refused(e)),
+    };
+    Ok((open().map_err(refused)?, created))
+}
+
+/// Where a session creates `path`: its parent directory, opened with no symlink on the way,
+/// and the name `path` has in it.
+struct Parent<'a> {
+    dir: OwnedFd,
+    path: &'a Path,
+    name: &'a OsStr,
+}
+
+impl<'a> Parent<'a> {
+    /// `None` when `path` names no entry (`/`, `.`, `..`).
+    fn open(path: &'a Path) -> Result<Option<Parent<'a>>> {
+        let Some(name) = path.file_name() else {
+            return Ok(None);
+        };
+        let parent = path
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        Ok(Some(Parent {
+            dir: open_dir_without_symlinks(parent)?,
+            path: parent,
+            name,
+        }))
+    }
+
+    /// Refuses a directory that is not the session's user's or that others can write (see
+    /// [`check_dir`]): root creates nothing there.
+    fn check(&self, owner: Option<Owner>) -> Result<()> {
+        check_dir(
+            &self.dir,
+            &format!("directory {}", self.path.display()),
+            owner,
+        )
+    }
+}
+
 /// Creates a dump outside any [`OutDir`] (`--raw-events FILE`, `--raw-data FILE`) by the same
 /// rules, its parent directory standing in for the output directory, and writes `header`, the
 /// line every such dump starts with. See [`create_file_at_for`].
@@ -230,16 +277,13 @@ fn create_file_at_for(
     owner: Option<Owner>,
 ) -> Result<File> {
     let shown = path.display();
-    let name = path
-        .file_name()
+    let parent = Parent::open(path)
+        .with_context(|| format!("creating {shown}"))?
         .with_context(|| format!("{shown} names no file; give a file's path"))?;
-    let parent = path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let dir = open_dir_without_symlinks(parent).with_context(|| format!("creating {shown}"))?;
-    check_dir(&dir, &format!("directory {}", parent.display()), owner)
+    parent
+        .check(owner)
         .with_context(|| format!("creating {shown}"))?;
+    let Parent { dir, name, .. } = parent;
     if overwrite {
         check_replaceable(dir.as_fd(), name, header, owner)
             .with_context(|| format!("replacing {shown}"))?;
@@ -365,6 +409,12 @@ mod tests {
         (temp, dir, victim)
     }
 
+    /// A new directory at `path`, mode 0755 whatever the umask.
+    fn dir_0755(path: &Path) {
+        std::fs::create_dir(path).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
     fn open(dir: &Path, overwrite: bool) -> Result<OutDir> {
         OutDir::open_for(dir, overwrite, None)
     }
@@ -392,11 +442,112 @@ mod tests {
     }
 
     #[test]
-    fn missing_parents_are_created_as_before() {
+    fn a_missing_parent_is_not_created() {
         let (_temp, dir, _) = setup();
-        let nested = dir.join("runs").join("a");
-        open(&nested, false).unwrap().write("x", b"1").unwrap();
-        assert_eq!(std::fs::read(nested.join("x")).unwrap(), b"1");
+        let refused = message(open(&dir.join("runs").join("a"), false));
+        assert!(
+            refused.contains(&format!("directory {}/runs does not exist", dir.display())),
+            "{refused}"
+        );
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn a_symlink_in_the_middle_of_out_is_refused() {
+        let (temp, dir, _) = setup();
+        std::fs::create_dir_all(dir.join("existing")).unwrap();
+        let link = temp.path().join("link");
+        symlink(&dir, &link).unwrap();
+        for name in ["existing", "missing"] {
+            let refused = message(open(&link.join(name), false));
+            assert!(
+                refused.contains(&format!("output directory {}/{name}", link.display()))
+                    && refused.contains("goes through a symlink"),
+                "{name}: {refused}"
+            );
+        }
+        assert!(!dir.join("missing").exists());
+        // The real path is taken.
+        open(&dir.join("existing"), false).unwrap();
+    }
+
+    /// `sudo tracer record --out /etc/systemd/system/ssh.service.d` made a directory the user
+    /// could write where systemd reads drop-ins as root. A root-owned directory stands for
+    /// /etc/systemd/system, nobody for the user who ran sudo.
+    #[test]
+    fn a_missing_out_under_a_root_owned_parent_is_refused_under_sudo() {
+        let test = "a_missing_out_under_a_root_owned_parent_is_refused_under_sudo";
+        let Some((_temp, system)) = root_directory(test, "system") else {
+            return;
+        };
+        let drop_in = system.join("ssh.service.d");
+        refused_in_a_root_directory(&drop_in, |overwrite| {
+            OutDir::open_for(&drop_in, overwrite, Some(nobody()))
+        });
+    }
+
+    /// A root-owned directory `name` (0755) in a new temporary one, standing for a system
+    /// directory; `None` unless root.
+    fn root_directory(test: &str, name: &str) -> Option<(tempfile::TempDir, PathBuf)> {
+        if skip_unless_root(test) {
+            return None;
+        }
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path().join(name);
+        dir_0755(&dir);
+        Some((temp, dir))
+    }
+
+    /// Making `path` in its root-owned directory for nobody (sudo's user) by `make(overwrite)`
+    /// is refused, naming the directory and its owner, and makes nothing.
+    fn refused_in_a_root_directory<T: std::fmt::Debug>(
+        path: &Path,
+        make: impl Fn(bool) -> Result<T>,
+    ) {
+        let dir = path.parent().unwrap();
+        for overwrite in [false, true] {
+            let refused = message(make(overwrite));
+            assert!(
+                refused.contains(&format!("refusing directory {}", dir.display()))
+                    && refused.contains("owned by uid 0, not by uid 65534 (SUDO_UID)"),
+                "{refused}"
+            );
+            assert!(!path.exists(), "nothing was created");
+        }
+    }
+
+    #[test]
+    fn a_missing_out_in_the_users_own_private_dir_is_created_theirs() {
+        if skip_unless_root("a_missing_out_in_the_users_own_private_dir_is_created_theirs") {
+            return;
+        }
+        let temp = tempfile::tempdir().unwrap();
+        std::os::unix::fs::chown(temp.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+        let dir = temp.path().join("session");
+        OutDir::open_for(&dir, false, Some(nobody())).unwrap();
+        let meta = std::fs::metadata(&dir).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid(), meta.permissions().mode() & 0o7777),
+            (NOBODY, NOBODY, 0o755)
+        );
+    }
+
+    /// Sticky or not (/tmp is 1777): the user makes the directory there, then it is taken.
+    #[test]
+    fn a_missing_out_in_a_directory_others_can_write_is_refused() {
+        let (temp, dir, _) = setup();
+        for mode in [0o775, 0o757, 0o1777] {
+            std::fs::set_permissions(temp.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+            let refused = message(open(&dir, false));
+            assert!(
+                refused.contains("it does not exist")
+                    && refused.contains("group- or other-writable"),
+                "{mode:o}: {refused}"
+            );
+            assert!(!dir.exists(), "{mode:o}");
+        }
+        dir_0755(&dir);
+        open(&dir, false).unwrap();
     }
 
     #[test]
@@ -515,7 +666,8 @@ mod tests {
         if skip_unless_root("item1_under_sudo_outputs_go_to_the_sudo_user") {
             return;
         }
-        let (_temp, dir, _) = setup();
+        let (temp, dir, _) = setup();
+        std::os::unix::fs::chown(temp.path(), Some(NOBODY), Some(NOBODY)).unwrap();
         let owner = Owner::from_sudo_vars(Some(OsStr::new("65534")), Some(OsStr::new("65534")))
             .unwrap()
             .unwrap();
@@ -564,41 +716,29 @@ mod tests {
 
     #[test]
     fn under_sudo_a_root_owned_output_directory_is_refused() {
-        if skip_unless_root("under_sudo_a_root_owned_output_directory_is_refused") {
+        let test = "under_sudo_a_root_owned_output_directory_is_refused";
+        let Some((_temp, dir)) = root_directory(test, "session") else {
             return;
-        }
-        let (_temp, dir, _) = setup();
-        std::fs::create_dir(&dir).unwrap();
+        };
         let refused = message(OutDir::open_for(&dir, true, Some(nobody())));
         assert!(
             refused.contains("owned by uid 0, not by uid 65534 (SUDO_UID)"),
             "{refused}"
         );
-        // Created by the session, it is handed to sudo's user first, and taken.
-        OutDir::open_for(&dir.join("new"), false, Some(nobody())).unwrap();
     }
 
     /// `sudo tracer record --raw-events /etc/ld.so.preload`: a root-owned directory (with a
     /// root file in it) stands for /etc, nobody for the user who ran sudo.
     #[test]
     fn raw_outputs_do_not_create_any_path_as_root() {
-        if skip_unless_root("raw_outputs_do_not_create_any_path_as_root") {
+        let Some((temp, etc)) = root_directory("raw_outputs_do_not_create_any_path_as_root", "etc")
+        else {
             return;
-        }
-        let temp = tempfile::tempdir().unwrap();
-        let etc = temp.path().join("etc");
-        std::fs::create_dir(&etc).unwrap();
-        std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
         let preload = etc.join("ld.so.preload");
-        for overwrite in [false, true] {
-            let refused = message(dump_at(&preload, overwrite, Some(nobody())));
-            assert!(
-                refused.contains(&format!("refusing directory {}", etc.display()))
-                    && refused.contains("owned by uid 0, not by uid 65534 (SUDO_UID)"),
-                "{refused}"
-            );
-            assert!(!preload.exists(), "nothing was created");
-        }
+        refused_in_a_root_directory(&preload, |overwrite| {
+            dump_at(&preload, overwrite, Some(nobody()))
+        });
         std::fs::write(&preload, EVENTS).unwrap();
         let refused = message(dump_at(&preload, true, Some(nobody())));
         assert!(refused.contains("owned by uid 0"), "{refused}");
@@ -610,8 +750,7 @@ mod tests {
 
         // In a directory of sudo's user the dump is made, and handed to them.
         let home = temp.path().join("home");
-        std::fs::create_dir(&home).unwrap();
-        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir_0755(&home);
         std::os::unix::fs::chown(&home, Some(NOBODY), Some(NOBODY)).unwrap();
         let raw = home.join("raw.events");
         dump_at(&raw, false, Some(nobody())).unwrap();

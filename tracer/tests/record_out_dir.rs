@@ -70,7 +70,10 @@ fn raw_outputs_do_not_create_any_path_as_root_under_sudo() {
     let etc = dir_0755(temp.path(), "etc");
     let preload = etc.join("ld.so.preload");
     let preload_arg = preload.to_str().unwrap();
-    let out = temp.path().join("session");
+    // The user's own directory: --out is made in it.
+    let home = dir_0755(temp.path(), "home");
+    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+    let out = home.join("session");
 
     let me = std::env::current_exe().unwrap();
     let fixture = spawn_fixture(&me, 600.0);
