@@ -1,4 +1,5 @@
-//! Root only: `tracer record` as root does not write through a link planted in its --out.
+//! Root only: `tracer record` as root does not write through a link planted in its --out, nor
+//! create a path the user who ran sudo could not.
 
 mod attach_common;
 
@@ -20,6 +21,16 @@ fn dir_0755(parent: &std::path::Path, name: &str) -> std::path::PathBuf {
     let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
     std::fs::set_permissions(&dir, mode).unwrap();
     dir
+}
+
+/// The tracer with `args` as if run by `sudo` for uid and gid 65534 (nobody).
+fn run_tracer_under_sudo(args: &[String]) -> std::process::Output {
+    tracer()
+        .args(args)
+        .env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65534")
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -84,17 +95,39 @@ fn raw_outputs_do_not_create_any_path_as_root_under_sudo() {
             &out,
             &[&extra[..], &[flag, preload_arg]].concat(),
         );
-        let output = tracer()
-            .args(&args)
-            .env("SUDO_UID", "65534")
-            .env("SUDO_GID", "65534")
-            .output()
-            .unwrap();
-        let stderr = testproc::failed_stderr(&output);
+        let stderr = testproc::failed_stderr(&run_tracer_under_sudo(&args));
         assert!(
             stderr.contains(flag) && stderr.contains("owned by uid 0, not by uid 65534"),
             "{stderr}"
         );
         assert!(!preload.exists(), "{flag} made {}", preload.display());
     }
+}
+
+/// `sudo tracer record --out /etc/systemd/system/ssh.service.d` made the user a directory that
+/// systemd reads drop-ins from as root. A root-owned directory stands for /etc/systemd/system,
+/// SUDO_UID=65534 for the user who ran sudo.
+#[test]
+fn under_sudo_a_missing_out_is_not_created_in_a_root_owned_directory() {
+    if !require_root() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let drop_in = dir_0755(temp.path(), "system").join("ssh.service.d");
+
+    let me = std::env::current_exe().unwrap();
+    let fixture = spawn_fixture(&me, 600.0);
+    let args = record_args(
+        fixture.pid(),
+        &drop_in,
+        &["--no-calibrate", "--duration", "1"],
+    );
+    let output = run_tracer_under_sudo(&args);
+    drop(fixture);
+    let stderr = testproc::failed_stderr(&output);
+    assert!(
+        stderr.contains("it does not exist") && stderr.contains("owned by uid 0, not by uid 65534"),
+        "{stderr}"
+    );
+    assert!(!drop_in.exists(), "made {}", drop_in.display());
 }
