@@ -21,6 +21,7 @@ pub struct Reorder {
     held: VecDeque<Held>,
     arrivals: u64,
     newest_ns: u64,
+    /// The newest stamp handed over so far.
     released_ns: u64,
     /// Events that arrived older than what was already released (window too small).
     pub late: u64,
@@ -70,17 +71,25 @@ impl Reorder {
             .front()
             .is_some_and(|held| held.key.0 < watermark_ns)
         {
-            let Some(held) = self.held.pop_front() else {
-                break;
-            };
-            self.released_ns = held.key.0;
-            sink(&held.record);
+            self.release_front(&mut sink);
         }
     }
 
-    /// Hands over everything still held (end of the session).
-    pub fn flush(&mut self, sink: impl FnMut(&Record)) {
-        self.release(u64::MAX, sink);
+    /// Hands over everything still held (end of the session), a record stamped `u64::MAX`
+    /// included.
+    pub fn flush(&mut self, mut sink: impl FnMut(&Record)) {
+        while !self.held.is_empty() {
+            self.release_front(&mut sink);
+        }
+    }
+
+    fn release_front(&mut self, sink: &mut impl FnMut(&Record)) {
+        if let Some(held) = self.held.pop_front() {
+            // The newest released, not the last: after a late record goes out, one older
+            // than the newest is still late (the consumer has moved past it).
+            self.released_ns = self.released_ns.max(held.key.0);
+            sink(&held.record);
+        }
     }
 }
 
@@ -169,6 +178,29 @@ mod tests {
         reorder.push(at(50, 2));
         assert_eq!(reorder.late, 1);
         assert_eq!(reorder.newest_ns(), 100);
+    }
+
+    #[test]
+    fn flush_hands_over_even_the_newest_possible_stamp() {
+        let mut reorder = Reorder::default();
+        reorder.push(at(u64::MAX, 1));
+        reorder.push(at(5, 2));
+        let mut out = Vec::new();
+        reorder.flush(|e| out.push(e.key()));
+        assert_eq!(out, [(5, 2), (u64::MAX, 1)]);
+        assert!(reorder.is_empty());
+    }
+
+    #[test]
+    fn an_event_older_than_any_released_one_is_late_after_a_late_release() {
+        let mut reorder = Reorder::default();
+        reorder.push(at(100, 1));
+        reorder.release(200, |_| {});
+        reorder.push(at(50, 2));
+        // The late event goes out after the newer one; 70 is still older than 100.
+        reorder.release(200, |_| {});
+        reorder.push(at(70, 3));
+        assert_eq!(reorder.late, 2);
     }
 
     #[test]
