@@ -184,9 +184,17 @@ fn parse_maps_line(line: &str) -> Option<ExecMapping> {
     if !perms.contains('x') || path.is_empty() {
         return None;
     }
+    let (start, end) = (
+        u64::from_str_radix(start, 16).ok()?,
+        u64::from_str_radix(end, 16).ok()?,
+    );
+    // `find` and the map_files name assume a range; the kernel never writes one backwards.
+    if start > end {
+        return None;
+    }
     Some(ExecMapping {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
+        start,
+        end,
         offset: u64::from_str_radix(offset, 16).ok()?,
         path: PathBuf::from(path),
     })
@@ -476,6 +484,12 @@ garbage line
             maps.find(0x7f0000000001).unwrap().path,
             Path::new("/usr/lib/my lib.so")
         );
+    }
+
+    #[test]
+    fn a_maps_line_that_ends_before_it_starts_is_malformed() {
+        let maps = ProcessMaps::parse("2000-1000 r-xp 00000000 08:01 1 /bin/x\n");
+        assert_eq!(maps.mappings(), []);
     }
 
     #[test]
