@@ -4,6 +4,7 @@
 //! The measurement commands (bench, profile, profiles-index, validate) are the `harness`
 //! crate's; xtask forwards them under the same names.
 
+mod fuzz;
 mod run_tracer;
 mod setup;
 mod test;
@@ -21,7 +22,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install the eBPF toolchain (nightly rust-src, llvm-22-dev, bpf-linker); idempotent.
+    /// Install the toolchain (nightly rust-src, llvm-22-dev, bpf-linker, cargo-fuzz); idempotent.
     Setup(setup::Args),
     /// Run every test, root-only eBPF integration tests included.
     Test(test::Args),
@@ -38,6 +39,8 @@ enum Command {
     Validate(validate::Args),
     /// The tracer's root tests in a QEMU guest whose kernel has kprobes and fentry.
     Vmtest(vmtest::Args),
+    /// Run the fuzz targets in fuzz/ (cargo-fuzz), each for --seconds; prints exec counts.
+    Fuzz(fuzz::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,5 +53,6 @@ fn main() -> anyhow::Result<()> {
         Command::ProfilesIndex(args) => profiles_index::run(args),
         Command::Validate(args) => validate::run(args, setup::ensure),
         Command::Vmtest(args) => vmtest::run(args),
+        Command::Fuzz(args) => fuzz::run(args),
     }
 }

@@ -1,5 +1,6 @@
-//! `cargo xtask setup`: the eBPF toolchain, installed idempotently. Each step says what it
-//! checks and is skipped when already satisfied. Other commands call [`ensure`].
+//! `cargo xtask setup`: the eBPF toolchain and cargo-fuzz, installed idempotently. Each step
+//! says what it checks and is skipped when already satisfied. Other commands call [`ensure`]
+//! (and [`ensure_fuzz`]).
 //!
 //! An install prints one line (what, roughly how long, where its log is); rustup's, apt's and
 //! cargo's own output goes to that log, quoted only when the step fails
@@ -21,13 +22,20 @@ const LLVM: &str = "/usr/lib/llvm-22";
 pub struct Args {}
 
 pub fn run(_args: Args) -> anyhow::Result<()> {
-    check(true)
+    check(true)?;
+    cargo_fuzz(true)
 }
 
 /// Installs whatever of nightly + rust-src, llvm-22-dev and bpf-linker is missing. Quiet when
 /// nothing is: the commands that call it print their own first lines.
 pub fn ensure() -> anyhow::Result<()> {
     check(false)
+}
+
+/// What `cargo xtask test` and `cargo xtask fuzz` also need: cargo-fuzz (its targets build
+/// with the nightly toolchain [`ensure`] installs).
+pub fn ensure_fuzz() -> anyhow::Result<()> {
+    cargo_fuzz(false)
 }
 
 /// `verbose`: also say what is already there (`cargo xtask setup`).
@@ -106,6 +114,20 @@ fn bpf_linker(verbose: bool) -> anyhow::Result<()> {
                 "llvm-22",
             ])
             .env("PATH", path),
+    )
+}
+
+fn cargo_fuzz(verbose: bool) -> anyhow::Result<()> {
+    if let Some(path) = find_in_path("cargo-fuzz") {
+        if verbose {
+            println!("setup: cargo-fuzz: {}", path.display());
+        }
+        return Ok(());
+    }
+    quiet_step(
+        "cargo-fuzz (cargo install, ~2 min)",
+        "cargo-fuzz",
+        Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]),
     )
 }
 

@@ -1,13 +1,14 @@
-//! `cargo xtask test`: what CI runs. Installs the eBPF toolchain when missing, runs the
-//! quick bench (issue 3 wants it in the suite), the VM smoke test (`vmtest`: the e2e test on
-//! a kernel with kprobes and fentry), then every test of the workspace. Root-only eBPF tests,
-//! the VM's included, run when this runs as root and say SKIPPED otherwise.
+//! `cargo xtask test`: what CI runs. Installs the eBPF toolchain and cargo-fuzz when missing,
+//! runs the quick bench (issue 3 wants it in the suite), the VM smoke test (`vmtest`: the e2e
+//! test on a kernel with kprobes and fentry), each fuzz target briefly on its committed seeds,
+//! then every test of the workspace. Root-only eBPF tests, the VM's included, run when this
+//! runs as root and say SKIPPED otherwise.
 
 use std::process::Command;
 
 use anyhow::{Context as _, bail};
 
-use crate::setup;
+use crate::{fuzz, setup};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -18,6 +19,9 @@ pub struct Args {
     /// once to fetch the guest kernel).
     #[arg(long)]
     no_vm: bool,
+    /// Skip the fuzz targets' brief run (`fuzz/`, cargo-fuzz on nightly).
+    #[arg(long)]
+    no_fuzz: bool,
     /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
     #[arg(last = true)]
     rest: Vec<String>,
@@ -50,6 +54,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if !status.success() {
             failures.push("vmtest");
         }
+    }
+    if args.no_fuzz {
+        eprintln!("SKIPPED fuzz: --no-fuzz");
+    } else if let Err(e) = fuzz::ci_step() {
+        eprintln!("fuzz: {e:#}");
+        failures.push("fuzz");
     }
     // Last, so cargo's own summary closes the output.
     let status = Command::new(env!("CARGO"))
