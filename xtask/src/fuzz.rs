@@ -163,6 +163,11 @@ fn targets() -> anyhow::Result<Vec<String>> {
 /// Builds every target; returns the directory of the binaries. cargo's output goes to a log,
 /// quoted when the build fails.
 fn build_targets(build: Build) -> anyhow::Result<PathBuf> {
+    // fuzz/Cargo.lock is untracked: started from the workspace's each time, so the crates both
+    // use are the versions main locks, and a dependency change never edits a tracked file.
+    let (lock, fuzz_lock) = (root().join("Cargo.lock"), fuzz_dir().join("Cargo.lock"));
+    fs::copy(&lock, &fuzz_lock)
+        .with_context(|| format!("copying {} to {}", lock.display(), fuzz_lock.display()))?;
     let log = log_dir()?.join("fuzz-build.log");
     println!(
         "fuzz: building the targets (cargo fuzz build {}); log: {}",
