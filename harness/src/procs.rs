@@ -549,7 +549,7 @@ pub fn proxy_version(proxy: Proxy, binary: &Path) -> anyhow::Result<String> {
         "{command} failed ({})",
         output.status
     );
-    // nginx prints it on stderr, haproxy and caddy on stdout.
+    // nginx prints it on stderr, haproxy, caddy and apache2 on stdout.
     let text = String::from_utf8_lossy(&output.stdout) + String::from_utf8_lossy(&output.stderr);
     text.lines()
         .map(str::trim)
@@ -757,6 +757,7 @@ mod tests {
                 Proxy::Nginx => "nginx version: nginx/",
                 Proxy::Haproxy => "HAProxy version ",
                 Proxy::Caddy => "",
+                Proxy::Apache => "Server version: Apache/2.4.",
             };
             assert!(version.starts_with(expected), "{proxy:?}: {version}");
             assert!(
@@ -772,10 +773,10 @@ mod tests {
                 .filter(|(pid, ppid, _)| *pid == server.proc.pid() || *ppid == server.proc.pid())
                 .map(|(pid, _, _)| pid)
                 .collect();
-            if proxy == Proxy::Nginx {
+            if matches!(proxy, Proxy::Nginx | Proxy::Apache) {
                 assert!(
                     family.len() >= 2,
-                    "nginx: a master and a worker: {family:?}"
+                    "{proxy:?}: a parent and its children: {family:?}"
                 );
             }
             for pid in family {

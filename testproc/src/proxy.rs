@@ -1,6 +1,6 @@
-//! The real proxies the kernel-only mode is tested and measured on: Debian's nginx, haproxy
-//! and caddy, each started as a reverse proxy in front of one upstream, with every file it
-//! writes in a directory of the caller's.
+//! The real proxies the kernel-only mode is tested and measured on: Debian's nginx, haproxy,
+//! caddy and Apache httpd, each started as a reverse proxy in front of one upstream, with every
+//! file it writes in a directory of the caller's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,10 +20,13 @@ pub enum Proxy {
     Nginx,
     Haproxy,
     Caddy,
+    /// Apache httpd 2.4 (the `apache2` package): its event MPM with mod_proxy_http, which
+    /// writes an upstream request as a writev of many small iovecs (several per header).
+    Apache,
 }
 
 impl Proxy {
-    pub const ALL: [Proxy; 3] = [Proxy::Nginx, Proxy::Haproxy, Proxy::Caddy];
+    pub const ALL: [Proxy; 4] = [Proxy::Nginx, Proxy::Haproxy, Proxy::Caddy, Proxy::Apache];
 
     /// The Debian package, which is also the binary's name.
     pub fn package(self) -> &'static str {
@@ -31,6 +34,7 @@ impl Proxy {
             Proxy::Nginx => "nginx",
             Proxy::Haproxy => "haproxy",
             Proxy::Caddy => "caddy",
+            Proxy::Apache => "apache2",
         }
     }
 
@@ -41,7 +45,7 @@ impl Proxy {
     /// The arguments that make the binary print its version (on stdout or stderr).
     pub fn version_args(self) -> &'static [&'static str] {
         match self {
-            Proxy::Nginx | Proxy::Haproxy => &["-v"],
+            Proxy::Nginx | Proxy::Haproxy | Proxy::Apache => &["-v"],
             Proxy::Caddy => &["version"],
         }
     }
@@ -56,7 +60,8 @@ impl Proxy {
 
     /// `binary` as a reverse proxy on 127.0.0.1:`port` in front of `upstream` (host:port),
     /// in the foreground; its configuration, pid file, logs and temporary files in `dir`.
-    /// nginx runs a master and one worker, haproxy its default threads, caddy as Go runs it.
+    /// nginx runs a master and one worker, haproxy its default threads, caddy as Go runs it,
+    /// Apache a parent and two event-MPM children (see [`apache_conf`]).
     pub fn spawn(
         self,
         binary: &Path,
@@ -120,6 +125,47 @@ impl Proxy {
                     .env("XDG_CONFIG_HOME", dir.join("config"));
                 Spawn::command("caddy", command)
             }
+            Proxy::Apache => {
+                let conf = dir.join("apache2.conf");
+                std::fs::write(&conf, apache_conf(dir, port, upstream))?;
+                // -DFOREGROUND: the parent stays in the foreground (not -X, which would serve
+                // from the parent alone), and SIGTERM to it stops its children too.
+                Spawn::new("apache2", binary)
+                    .arg("-f")
+                    .arg(&conf)
+                    .arg("-DFOREGROUND")
+            }
         })
     }
+}
+
+/// Debian's modules, where `apache2` loads them from.
+const APACHE_MODULES: &str = "/usr/lib/apache2/modules";
+
+/// Apache's configuration: its own ServerRoot, pid file, logs, runtime directory and mutexes
+/// in `dir` (nothing of /etc/apache2, so it runs beside a system Apache), the event MPM with
+/// two child processes from the start (a parent that forks and replaces children, like
+/// nginx's master), and mod_proxy_http forwarding everything to `upstream`. Keep-alive to the
+/// upstream: mod_proxy's default, each child keeping a pool of reused connections.
+/// Children run as www-data (root's httpd refuses to serve as root), so they open nothing in
+/// `dir`: the parent opens the logs, and the mutexes are pthread ones in shared memory.
+/// mod_authz_core is there because a request with no authorization module loaded is refused
+/// (AH00025 "couldn't check user").
+fn apache_conf(dir: &Path, port: u16, upstream: &str) -> String {
+    let dir = dir.display();
+    let modules = APACHE_MODULES;
+    format!(
+        "ServerRoot {dir}\nServerName 127.0.0.1\nListen 127.0.0.1:{port}\n\
+         PidFile {dir}/apache2.pid\nDefaultRuntimeDir {dir}\nMutex pthread default\n\
+         ErrorLog {dir}/error.log\nLogLevel warn\nDocumentRoot {dir}\n\
+         User www-data\nGroup www-data\n\
+         LoadModule mpm_event_module {modules}/mod_mpm_event.so\n\
+         LoadModule authz_core_module {modules}/mod_authz_core.so\n\
+         LoadModule proxy_module {modules}/mod_proxy.so\n\
+         LoadModule proxy_http_module {modules}/mod_proxy_http.so\n\
+         StartServers 2\nServerLimit 2\nThreadsPerChild 16\nMaxRequestWorkers 32\n\
+         MinSpareThreads 16\nMaxSpareThreads 32\nMaxConnectionsPerChild 0\n\
+         KeepAlive On\nMaxKeepAliveRequests 0\n\
+         ProxyPass / http://{upstream}/\nProxyPassReverse / http://{upstream}/\n"
+    )
 }
