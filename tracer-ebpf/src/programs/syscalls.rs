@@ -45,14 +45,33 @@ pub struct InFlight {
     pub socket: u16,
 }
 
-/// Iovecs of a readv/writev walked for its DATA bytes.
-const MAX_IOVECS: u64 = 4;
+/// Iovecs a readv/writev's walk may read: Linux's UIO_MAXIOV, the most a call can pass (more
+/// is EINVAL). The walk stops once DATA_BYTES are gathered or the return value is covered, so
+/// it always gathers `min(ret, DATA_BYTES)` bytes unless a read fails (Apache's mod_proxy
+/// writes an upstream request as an iovec per header line at least: 13 for a small POST).
+const MAX_IOVECS: u32 = 1024;
 
-/// Where readv/writev's iovecs are gathered before the record gets the first DATA_BYTES:
-/// twice the size, so that the verifier can bound "at `filled` (< DATA_BYTES), up to
-/// DATA_BYTES bytes" inside it. Syscall programs do not nest in each other on a CPU.
+/// A readv/writev's walk of its iovecs, in this CPU's slot of [`IOV_WALK`] between
+/// `bpf_loop`'s steps. Its scalars live in map memory, whose values the verifier does not
+/// track, so [`iov_step`] is verified as one step whatever the iteration (a bounded loop of
+/// 1024 would be walked by the verifier 1024 times over). Syscall programs do not nest in
+/// each other on a CPU.
+#[repr(C)]
+struct IovWalk {
+    /// The user `struct iovec *`.
+    vec: u64,
+    /// Bytes of the call's return value not yet covered.
+    left: u64,
+    /// Bytes gathered in `bytes`.
+    filled: u32,
+    _pad: u32,
+    /// Twice DATA_BYTES, so that the verifier can bound "at `filled` (< DATA_BYTES), up to
+    /// DATA_BYTES bytes" inside it; the record gets the first DATA_BYTES.
+    bytes: [u8; 2 * DATA_BYTES],
+}
+
 #[map]
-static IOV_SCRATCH: PerCpuArray<[u8; 2 * DATA_BYTES]> = PerCpuArray::with_max_entries(1, 0);
+static IOV_WALK: PerCpuArray<IovWalk> = PerCpuArray::with_max_entries(1, 0);
 
 /// Pruned with TIDS when a thread of the target exits.
 #[map]
@@ -110,58 +129,97 @@ fn copy_flat(dst: *mut [u8; DATA_BYTES], src: u64, ret: u64) -> u32 {
     if r == 0 { n } else { 0 }
 }
 
-/// readv/writev: walks up to [`MAX_IOVECS`] `struct iovec` {base, len} at user address `vec`,
-/// gathering bytes in order until `ret` (what the call moved) or DATA_BYTES are covered, then
-/// copies them into `dst`. Returns the bytes gathered before the first failed read.
+/// One step of the iovec walk (a `bpf_loop` callback): reads iovec `i` {base, len} and
+/// gathers `min(len, left)` of its bytes, at most up to DATA_BYTES. `ctx` points to a
+/// `*mut IovWalk` on [`copy_iov`]'s stack. Returns 1 (stop) once DATA_BYTES are gathered or
+/// the return value covered, or when a read fails; 0 to go on.
+#[inline(never)]
+extern "C" fn iov_step(i: u32, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is `copy_iov`'s pointer to this CPU's IOV_WALK slot, which outlives the loop.
+    let walk = unsafe { *ctx.cast::<*mut IovWalk>() };
+    // SAFETY: a live map value; only this program touches it on this CPU meanwhile.
+    let (vec, left, filled) = unsafe { ((*walk).vec, (*walk).left, (*walk).filled) };
+    if filled >= DATA_BYTES as u32 || left == 0 {
+        return 1;
+    }
+    // SAFETY: a probe read of user memory.
+    let Ok([base, len]) =
+        (unsafe { bpf_probe_read_user((vec + u64::from(i) * 16) as *const [u64; 2]) })
+    else {
+        return 1;
+    };
+    let take = if len < left { len } else { left };
+    let room = u64::from(DATA_BYTES as u32 - filled);
+    let n = if take >= room { room } else { take };
+    let n = if n >= DATA_BYTES as u64 {
+        DATA_BYTES as u32
+    } else {
+        n as u32 & (DATA_BYTES as u32 - 1)
+    };
+    // Bounds the offset for the verifier even where `filled` is read again (LLVM drops the
+    // mask when it still holds the compare above, which bounds it as well).
+    let at = filled & (DATA_BYTES as u32 - 1);
+    // SAFETY: at < DATA_BYTES and n <= DATA_BYTES, inside the 2 * DATA_BYTES of `bytes`.
+    let r = unsafe {
+        generated::bpf_probe_read_user(
+            (&raw mut (*walk).bytes)
+                .cast::<u8>()
+                .add(at as usize)
+                .cast(),
+            n,
+            base as *const c_void,
+        )
+    };
+    if r != 0 {
+        return 1;
+    }
+    let (filled, left) = (filled + n, left - take);
+    // SAFETY: as above.
+    unsafe {
+        (*walk).filled = filled;
+        (*walk).left = left;
+    }
+    i64::from(filled >= DATA_BYTES as u32 || left == 0)
+}
+
+/// readv/writev: walks the `struct iovec` {base, len} at user address `vec` in order with
+/// `bpf_loop` (at most [`MAX_IOVECS`]), gathering bytes until `ret` (what the call moved) or
+/// DATA_BYTES are covered, then copies them into `dst`. Returns the bytes gathered before the
+/// first failed read.
 #[inline(always)]
 fn copy_iov(dst: *mut [u8; DATA_BYTES], vec: u64, ret: u64) -> u32 {
-    let Some(scratch) = IOV_SCRATCH.get_ptr_mut(0) else {
+    let Some(walk) = IOV_WALK.get_ptr_mut(0) else {
         return 0;
     };
-    let scratch = scratch.cast::<u8>();
-    let mut filled: u32 = 0;
-    let mut left = ret;
-    for i in 0..MAX_IOVECS {
-        if filled >= DATA_BYTES as u32 || left == 0 {
-            break;
-        }
-        // SAFETY: a probe read of user memory.
-        let Ok([base, len]) = (unsafe { bpf_probe_read_user((vec + i * 16) as *const [u64; 2]) })
-        else {
-            break;
-        };
-        let take = if len < left { len } else { left };
-        left -= take;
-        let room = u64::from(DATA_BYTES as u32 - filled);
-        let n = if take >= room { room } else { take };
-        let n = if n >= DATA_BYTES as u64 {
-            DATA_BYTES as u32
-        } else {
-            n as u32 & (DATA_BYTES as u32 - 1)
-        };
-        // The mask is for the verifier, which loses `filled`'s bound over the loop; read
-        // through a volatile so that LLVM, which knows filled < DATA_BYTES here, keeps it.
-        // SAFETY: a local.
-        let at = unsafe { core::ptr::read_volatile(&raw const filled) } & (DATA_BYTES as u32 - 1);
-        // SAFETY: at < DATA_BYTES and n <= DATA_BYTES, inside the 2 * DATA_BYTES scratch.
-        let r = unsafe {
-            generated::bpf_probe_read_user(
-                scratch.add(at as usize).cast(),
-                n,
-                base as *const c_void,
-            )
-        };
-        if r != 0 {
-            break;
-        }
-        filled += n;
+    // SAFETY: this CPU's slot (see IovWalk).
+    unsafe {
+        (*walk).vec = vec;
+        (*walk).left = ret;
+        (*walk).filled = 0;
     }
+    let mut ctx = walk;
+    // SAFETY: `iov_step` is a static BPF function of this program taking (index, ctx); `ctx`
+    // lives until the helper returns.
+    unsafe {
+        generated::bpf_loop(
+            MAX_IOVECS,
+            iov_step as *mut c_void,
+            (&raw mut ctx).cast(),
+            0,
+        )
+    };
+    // SAFETY: as above.
+    let filled = unsafe { (*walk).filled };
     if filled == 0 {
         return 0;
     }
     // SAFETY: both sides have DATA_BYTES bytes; a kernel-to-kernel copy of map memory.
     let r = unsafe {
-        generated::bpf_probe_read_kernel(dst.cast(), DATA_BYTES as u32, scratch as *const c_void)
+        generated::bpf_probe_read_kernel(
+            dst.cast(),
+            DATA_BYTES as u32,
+            (&raw const (*walk).bytes).cast(),
+        )
     };
     if r == 0 {
         filled.min(DATA_BYTES as u32)
