@@ -1,17 +1,24 @@
-//! Root only: kernel-only capture (issue 20) on nginx, a proxy without probe sites, as a
-//! master and one worker in front of mock-upstream. `tracer record --pid <master>` must choose
-//! kernel-only mode, follow the worker (a child process, seeded at attach) and the worker a
-//! reload forks while it runs (PROCESS events), and write DATA records holding each request's
+//! Root only: kernel-only capture (issue 20) on proxies without probe sites, in front of
+//! mock-upstream.
+//!
+//! nginx, as a master and one worker: `tracer record --pid <master>` must choose kernel-only
+//! mode, follow the worker (a child process, seeded at attach) and the worker a reload forks
+//! while it runs (PROCESS events), and write DATA records holding each request's
 //! `x-request-id` for both the client read and the upstream write, by the worker.
 //!
-//! nginx is installed with apt-get when missing, and started as `testproc::proxy` starts it
-//! for the other proxy tests. What is checked comes from the hidden `--raw-data` dump (every DATA
-//! record) and `--raw-events` (PROCESS events), the outputs the kernel-only rebuild will read.
+//! Apache httpd (event MPM, two children), whose mod_proxy writes each upstream request as a
+//! writev of an iovec per header line: every such writev must be captured whole, by the
+//! children at attach and by those a graceful restart forks, so that every upstream request is
+//! parsed (issue 31).
+//!
+//! The proxies are installed with apt-get when missing, and started as `testproc::proxy`
+//! starts them for the other proxy tests. What is checked comes from the hidden `--raw-data`
+//! dump (every DATA record), `--raw-events` (PROCESS events) and breakdown.json.
 
 mod attach_common;
 
 use std::{
-    collections::HashSet,
+    collections::{BTreeMap, BTreeSet, HashSet},
     fs,
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::TcpStream,
@@ -20,7 +27,8 @@ use std::{
 };
 
 use attach_common::{
-    Proxy, Signal, Spawn, build_binaries, installed, mock_upstream, require_root, start,
+    Proc, Proxy, Signal, Spawn, build_binaries, installed, mock_upstream, num, open_loop, read_csv,
+    require_root, start,
 };
 use testproc::proxy::free_port;
 use tracer::attach::target::descendants_of;
@@ -114,6 +122,51 @@ fn assert_both_sides(data: &[Data], id: &str, worker: u32) {
     );
 }
 
+/// `tracer record --pid PID` in kernel-only mode with the raw dumps, attached; panics unless
+/// it says it traces `binary` kernel-only.
+fn record_kernel_only(pid: u32, root: &Path, binary: &str) -> Proc {
+    let path = |name: &str| root.join(name).to_string_lossy().into_owned();
+    let tracer = Spawn::new("tracer", env!("CARGO_BIN_EXE_tracer")).args([
+        "record",
+        "--pid",
+        &pid.to_string(),
+        "--duration",
+        "120",
+        "--sample-hz",
+        "0",
+        "--out",
+        &path("out"),
+        "--raw-events",
+        &path("raw.events"),
+        "--raw-data",
+        &path("raw.data"),
+    ]);
+    let mut tracer = start(tracer.grace(Duration::from_secs(30)));
+    let mode = tracer
+        .wait_for_prefix("tracer: mode: ", READY)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        mode.starts_with(&format!("kernel-only (pid {pid} runs ")) && mode.contains(binary),
+        "{mode}"
+    );
+    tracer
+        .wait_for_prefix("tracer: program ids ", READY)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    tracer
+}
+
+/// The x-request-id in a request head, if it has one.
+fn request_id(head: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(head).ok()?;
+    text.split("\r\n").find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        if !name.eq_ignore_ascii_case("x-request-id") {
+            return None;
+        }
+        value.trim().parse().ok()
+    })
+}
+
 #[test]
 fn nginx_worker_followed_and_request_bytes_captured() {
     if !require_root() {
@@ -134,32 +187,7 @@ fn nginx_worker_followed_and_request_bytes_captured() {
     });
     let old_worker = descendants_of(master_pid)[0];
 
-    let tracer = Spawn::new("tracer", env!("CARGO_BIN_EXE_tracer")).args([
-        "record",
-        "--pid",
-        &master_pid.to_string(),
-        "--duration",
-        "120",
-        "--sample-hz",
-        "0",
-        "--out",
-        &root.join("out").to_string_lossy(),
-        "--raw-events",
-        &root.join("raw.events").to_string_lossy(),
-        "--raw-data",
-        &root.join("raw.data").to_string_lossy(),
-    ]);
-    let mut tracer = start(tracer.grace(Duration::from_secs(30)));
-    let mode = tracer
-        .wait_for_prefix("tracer: mode: ", READY)
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    assert!(
-        mode.starts_with(&format!("kernel-only (pid {master_pid} runs ")) && mode.contains("nginx"),
-        "{mode}"
-    );
-    tracer
-        .wait_for_prefix("tracer: program ids ", READY)
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let mut tracer = record_kernel_only(master_pid, root, "nginx");
 
     let tag = std::process::id();
     let before: Vec<String> = (0..3).map(|i| format!("ko-{tag}-before-{i}")).collect();
@@ -250,4 +278,129 @@ fn nginx_worker_followed_and_request_bytes_captured() {
         "{output}"
     );
     drop(master);
+}
+
+#[test]
+fn apache_upstream_requests_captured_whole_and_its_children_followed() {
+    if !require_root() {
+        return;
+    }
+    // loadgen at 100 req/s for 2 s, twice: before and after a graceful restart.
+    const LOAD: (u64, u64, &str) = (100, 2, "4");
+    let bins = build_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (_upstream, upstream) = mock_upstream(&bins, 0, "0-1");
+    let port = free_port().unwrap();
+    let spawn = Proxy::Apache
+        .spawn(&installed(Proxy::Apache), root, port, &upstream)
+        .unwrap();
+    let mut parent = start(spawn);
+    let parent_pid = parent.pid();
+    wait_until("Apache to listen with two children", READY, || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok() && descendants_of(parent_pid).len() == 2
+    });
+    let first: Vec<u32> = descendants_of(parent_pid);
+
+    let mut tracer = record_kernel_only(parent_pid, root, "apache2");
+    let url = format!("http://127.0.0.1:{port}");
+    let load = |csv: &str| {
+        open_loop(
+            &bins.loadgen,
+            "1",
+            &["--url", &url, "--direct"],
+            LOAD,
+            &root.join(csv),
+        );
+        let rows = read_csv(&root.join(csv));
+        let ok: BTreeSet<u64> = rows
+            .iter()
+            .filter(|r| r["status"] == "200")
+            .map(|r| num(r, "request_id"))
+            .collect();
+        assert!(
+            ok.len() as u64 >= LOAD.0 * LOAD.1 * 8 / 9,
+            "Apache answered {} of {} requests with 200",
+            ok.len(),
+            rows.len()
+        );
+        ok
+    };
+    let before = load("client-before.csv");
+    // A graceful restart: the old children exit, and the parent forks new ones while traced
+    // (as many as its spare-thread rule asks for: one here, more under load).
+    parent.signal(Signal::USR1).unwrap();
+    wait_until("the restart's children to replace the first", READY, || {
+        let now = descendants_of(parent_pid);
+        !now.is_empty() && now.iter().all(|c| !first.contains(c))
+    });
+    let restarted: Vec<u32> = descendants_of(parent_pid);
+    let after = load("client-after.csv");
+    // Past the reorder window, so the last records are in before the stop.
+    std::thread::sleep(Duration::from_millis(200));
+    tracer.signal(Signal::INT).unwrap();
+    tracer.wait_timeout(READY).unwrap();
+    let output = tracer.output();
+
+    let breakdown: session::breakdown::Breakdown =
+        serde_json::from_str(&fs::read_to_string(root.join("out/breakdown.json")).unwrap())
+            .unwrap();
+    let joined = breakdown.kernel_only.expect("a kernel-only session");
+    assert_eq!(
+        joined
+            .unsupported
+            .get("header block past the bytes captured"),
+        None,
+        "{joined:?}\n{output}"
+    );
+    let ok = before.len() + after.len();
+    assert!(
+        joined.upstream_requests >= ok as u64,
+        "{} upstream requests parsed for {ok} client 200s: {joined:?}",
+        joined.upstream_requests
+    );
+
+    // Every upstream request head is one writev by a child, captured whole (it is shorter
+    // than a record), and each 200 the client got is among them, by the children of its time.
+    let data = read_dump(&fs::read(root.join("raw.data")).unwrap()).unwrap();
+    let upstream_writes: Vec<&Data> = data
+        .iter()
+        .filter(|d| d.direction() == Direction::Send && d.bytes.starts_with(b"POST "))
+        .collect();
+    let mut written = BTreeMap::new();
+    for write in &upstream_writes {
+        assert_eq!(write.syscall, syscall::WRITEV, "{write:#?}");
+        assert!(write.whole() && write.len < DATA_BYTES as u64, "{write:#?}");
+        let head_end = write
+            .bytes
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .unwrap_or_else(|| panic!("no end of the header block: {write:#?}"));
+        let id = request_id(&write.bytes[..head_end])
+            .unwrap_or_else(|| panic!("no x-request-id: {write:#?}"));
+        written.insert(id, write.tgid);
+    }
+    // The restart's children were followed as forks of the parent.
+    let events = session::analysis::crosscheck::read_dump(&root.join("raw.events")).unwrap();
+    let forked: Vec<u32> = events
+        .iter()
+        .filter(|e| e.kind == kind::PROCESS && e.sub == 0 && e.args[0] == u64::from(parent_pid))
+        .map(|e| e.tid)
+        .collect();
+    assert!(
+        restarted.iter().all(|c| forked.contains(c)),
+        "the restart's children {restarted:?} are not all among the forks followed {forked:?}\n{output}"
+    );
+    for (ids, children) in [(&before, &first), (&after, &forked)] {
+        for id in ids {
+            let tgid = written
+                .get(id)
+                .unwrap_or_else(|| panic!("no upstream writev holds request {id}\n{output}"));
+            assert!(
+                children.contains(tgid),
+                "request {id} written by {tgid}, not one of {children:?}"
+            );
+        }
+    }
+    drop(parent);
 }
