@@ -15,7 +15,7 @@ use core::mem::offset_of;
 
 use aya_ebpf::{
     cty::c_void,
-    helpers::{bpf_probe_read_kernel, bpf_probe_read_user, generated},
+    helpers::{bpf_probe_read_kernel, generated},
     macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
     maps::{HashMap, PerCpuArray},
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
@@ -51,6 +51,11 @@ pub struct InFlight {
 /// writes an upstream request as an iovec per header line at least: 13 for a small POST).
 const MAX_IOVECS: u32 = 1024;
 
+/// Iovecs read from user memory at once: one helper call for eight (a call is most of a
+/// step's cost). Reading past the array's end is harmless (the walk stops before it uses an
+/// entry past the return value), unless it runs into an unmapped page: then one is read.
+const IOV_BATCH: u32 = 8;
+
 /// A readv/writev's walk of its iovecs, in this CPU's slot of [`IOV_WALK`] between
 /// `bpf_loop`'s steps. Its scalars live in map memory, whose values the verifier does not
 /// track, so [`iov_step`] is verified as one step whatever the iteration (a bounded loop of
@@ -64,7 +69,11 @@ struct IovWalk {
     left: u64,
     /// Bytes gathered in `bytes`.
     filled: u32,
+    /// `batch` holds iovecs `batch_from..batch_from + batch_len` {base, len}.
+    batch_from: u32,
+    batch_len: u32,
     _pad: u32,
+    batch: [[u64; 2]; IOV_BATCH as usize],
     /// Twice DATA_BYTES, so that the verifier can bound "at `filled` (< DATA_BYTES), up to
     /// DATA_BYTES bytes" inside it; the record gets the first DATA_BYTES.
     bytes: [u8; 2 * DATA_BYTES],
@@ -129,10 +138,11 @@ fn copy_flat(dst: *mut [u8; DATA_BYTES], src: u64, ret: u64) -> u32 {
     if r == 0 { n } else { 0 }
 }
 
-/// One step of the iovec walk (a `bpf_loop` callback): reads iovec `i` {base, len} and
-/// gathers `min(len, left)` of its bytes, at most up to DATA_BYTES. `ctx` points to a
-/// `*mut IovWalk` on [`copy_iov`]'s stack. Returns 1 (stop) once DATA_BYTES are gathered or
-/// the return value covered, or when a read fails; 0 to go on.
+/// One step of the iovec walk (a `bpf_loop` callback): takes iovec `i` {base, len} from the
+/// batch (reading the next [`IOV_BATCH`] when it is not there) and gathers `min(len, left)` of
+/// its bytes, at most up to DATA_BYTES. `ctx` points to a `*mut IovWalk` on [`copy_iov`]'s
+/// stack. Returns 1 (stop) once DATA_BYTES are gathered or the return value covered, or when
+/// a read fails; 0 to go on.
 #[inline(never)]
 extern "C" fn iov_step(i: u32, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` is `copy_iov`'s pointer to this CPU's IOV_WALK slot, which outlives the loop.
@@ -142,12 +152,32 @@ extern "C" fn iov_step(i: u32, ctx: *mut c_void) -> i64 {
     if filled >= DATA_BYTES as u32 || left == 0 {
         return 1;
     }
-    // SAFETY: a probe read of user memory.
-    let Ok([base, len]) =
-        (unsafe { bpf_probe_read_user((vec + u64::from(i) * 16) as *const [u64; 2]) })
-    else {
-        return 1;
-    };
+    // SAFETY: as above.
+    let (from, cached) = unsafe { ((*walk).batch_from, (*walk).batch_len) };
+    let mut k = i.wrapping_sub(from);
+    if k >= cached {
+        // The next IOV_BATCH iovecs, or this one alone where they run into unreadable memory.
+        let addr = (vec + u64::from(i) * 16) as *const c_void;
+        // SAFETY: probe reads of user memory into the map value.
+        let got = unsafe {
+            let batch = (&raw mut (*walk).batch).cast::<c_void>();
+            if generated::bpf_probe_read_user(batch, 16 * IOV_BATCH, addr) == 0 {
+                IOV_BATCH
+            } else if generated::bpf_probe_read_user(batch, 16, addr) == 0 {
+                1
+            } else {
+                return 1;
+            }
+        };
+        // SAFETY: as above.
+        unsafe {
+            (*walk).batch_from = i;
+            (*walk).batch_len = got;
+        }
+        k = 0;
+    }
+    // SAFETY: as above; the index is masked into the array.
+    let [base, len] = unsafe { (*walk).batch[(k & (IOV_BATCH - 1)) as usize] };
     let take = if len < left { len } else { left };
     let room = u64::from(DATA_BYTES as u32 - filled);
     let n = if take >= room { room } else { take };
@@ -196,6 +226,7 @@ fn copy_iov(dst: *mut [u8; DATA_BYTES], vec: u64, ret: u64) -> u32 {
         (*walk).vec = vec;
         (*walk).left = ret;
         (*walk).filled = 0;
+        (*walk).batch_len = 0;
     }
     let mut ctx = walk;
     // SAFETY: `iov_step` is a static BPF function of this program taking (index, ctx); `ctx`
