@@ -4,9 +4,14 @@
 
 mod attach_common;
 
-use std::time::Duration;
+use std::{
+    io::{Read as _, Write as _},
+    time::Duration,
+};
 
 use attach_common::*;
+use tracer::events::data::{Direction, read_dump};
+use tracer_ebpf::abi::{DATA_BYTES, syscall};
 
 /// The fixture's body when re-executed by the tests below; a no-op in a normal test run.
 #[test]
@@ -16,6 +21,9 @@ fn fixture_child() {
     }
     if std::env::var_os(LISTEN_ONLY_ENV).is_some() {
         listen_only_main();
+    }
+    if std::env::var_os(IOV_FIXTURE_ENV).is_some() {
+        iov_fixture_main();
     }
 }
 
@@ -385,4 +393,72 @@ fn stacks_are_not_lost_to_hash_collisions() {
     unique.sort();
     unique.dedup();
     assert_eq!(unique.len(), distinct, "two ids name the same stack");
+}
+
+/// Kernel-only mode's readv/writev capture (`copy_iov`): the fixture reads 300 bytes with
+/// readv into 3-byte buffers and writes three writevs of many small iovecs (issue 31: Apache
+/// writes an iovec per header line). Each DATA record holds exactly the first
+/// `min(ret, DATA_BYTES)` bytes moved, in order: empty iovecs skipped, a walk past DATA_BYTES
+/// cut there, and one of 1024 iovecs (Linux's most) walked to its last.
+#[test]
+fn kernel_only_readv_writev_gather_every_iovec() {
+    if !require_root() {
+        return;
+    }
+    let me = std::env::current_exe().unwrap();
+    let (fixture, addr) = spawn_iov_fixture(&me);
+    let dir = tempfile::tempdir().unwrap();
+    let raw = dir.path().join("raw.data");
+    let raw_arg = raw.to_string_lossy().into_owned();
+    let extra = [
+        "--kernel-only",
+        "--sample-hz",
+        "0",
+        "--no-calibrate",
+        "--raw-data",
+        &raw_arg,
+    ];
+    let mut tracer =
+        Background::spawn(&record_args(fixture.pid(), &dir.path().join("out"), &extra));
+    tracer.wait_ready(Duration::from_secs(120));
+
+    let mut client = std::net::TcpStream::connect(addr).unwrap();
+    client.write_all(&iov_pattern(0, IOV_FIXTURE_IN)).unwrap();
+    let writes = iov_fixture_writes();
+    let sent: Vec<Vec<u8>> = writes
+        .iter()
+        .enumerate()
+        .map(|(k, lens)| iov_pattern(k + 1, lens.iter().sum()))
+        .collect();
+    let mut received = vec![0; sent.iter().map(Vec::len).sum()];
+    client.read_exact(&mut received).unwrap();
+    assert_eq!(received, sent.concat());
+    // Past the reorder window, so the last records are in before the stop.
+    std::thread::sleep(Duration::from_millis(200));
+    let stderr = tracer.stop(Duration::from_secs(120));
+    drop(fixture);
+
+    let data = read_dump(&std::fs::read(&raw).unwrap()).unwrap();
+    let (reads, written): (Vec<_>, Vec<_>) = data
+        .iter()
+        .partition(|d| d.direction() == Direction::Receive);
+    let input = iov_pattern(0, IOV_FIXTURE_IN);
+    let mut at = 0;
+    for read in &reads {
+        assert_eq!(read.syscall, syscall::READV, "{read:#?}");
+        assert!(read.whole(), "{read:#?}");
+        assert_eq!(read.bytes, input[at..at + read.bytes.len()], "{read:#?}");
+        at += read.bytes.len();
+    }
+    assert_eq!(at, IOV_FIXTURE_IN, "{reads:#?}\n{stderr}");
+    assert_eq!(written.len(), sent.len(), "{written:#?}\n{stderr}");
+    for (write, sent) in written.iter().zip(&sent) {
+        assert_eq!(write.syscall, syscall::WRITEV, "{write:#?}");
+        assert_eq!(write.len, sent.len() as u64, "{write:#?}");
+        assert_eq!(
+            write.bytes,
+            sent[..sent.len().min(DATA_BYTES)],
+            "{write:#?}"
+        );
+    }
 }

@@ -13,7 +13,7 @@
 
 use std::{
     ffi::OsStr,
-    io::{Read as _, Write as _},
+    io::{IoSlice, IoSliceMut, Read as _, Write as _},
     net::{TcpListener, TcpStream},
     os::fd::AsRawFd as _,
     path::{Path, PathBuf},
@@ -324,6 +324,72 @@ pub fn listen_only_main() {
     loop {
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// With this set, the fixture serves one connection with readv and writev of many small
+/// iovecs ([`iov_fixture_main`]), then waits until killed.
+pub const IOV_FIXTURE_ENV: &str = "TRACER_FIXTURE_IOV";
+
+/// Bytes the iov fixture's client sends, which the fixture reads with readv into 3-byte
+/// buffers.
+pub const IOV_FIXTURE_IN: usize = 300;
+
+/// Byte `i` of the iov fixture's stream `seed` (its input is stream 0, its writes 1, 2, 3):
+/// a period of 251, so that a byte out of place shows.
+pub fn iov_pattern(seed: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i * 7 + seed * 13) % 251) as u8)
+        .collect()
+}
+
+/// The iovec lengths of the iov fixture's three writevs: 200 iovecs of 0 to 3 bytes (300
+/// bytes, all of them captured); 1000 of one byte (the first 512 captured); 1023 empty ones
+/// then 10 bytes (Linux's most iovecs a call, all walked to reach the bytes).
+pub fn iov_fixture_writes() -> [Vec<usize>; 3] {
+    [
+        (0..200).map(|i| i % 4).collect(),
+        vec![1; 1000],
+        (0..1024).map(|i| if i == 1023 { 10 } else { 0 }).collect(),
+    ]
+}
+
+/// The iov fixture's body.
+pub fn iov_fixture_main() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("listening {}", listener.local_addr().unwrap());
+    std::io::stdout().flush().unwrap();
+    let (mut conn, _) = listener.accept().unwrap();
+    let mut input = vec![0; IOV_FIXTURE_IN];
+    let mut filled = 0;
+    while filled < input.len() {
+        let mut bufs: Vec<IoSliceMut> =
+            input[filled..].chunks_mut(3).map(IoSliceMut::new).collect();
+        let n = conn.read_vectored(&mut bufs).unwrap();
+        assert!(n > 0, "the client closed early");
+        filled += n;
+    }
+    for (k, lens) in iov_fixture_writes().iter().enumerate() {
+        let data = iov_pattern(k + 1, lens.iter().sum());
+        let mut at = 0;
+        let slices: Vec<IoSlice> = lens
+            .iter()
+            .map(|&len| {
+                at += len;
+                IoSlice::new(&data[at - len..at])
+            })
+            .collect();
+        // Loopback takes it all at once: one writev, one DATA record.
+        assert_eq!(conn.write_vectored(&slices).unwrap(), data.len());
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Starts the iov fixture; returns it and its address.
+pub fn spawn_iov_fixture(test_binary: &Path) -> (Proc, std::net::SocketAddr) {
+    let (fixture, addr) = spawn_fixture_with(test_binary, IOV_FIXTURE_ENV, "1");
+    (fixture, addr.parse().expect("the fixture's address"))
 }
 
 /// Starts the fixture for `secs` and waits until it listens; stopped and reaped on drop.
