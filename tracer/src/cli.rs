@@ -26,7 +26,8 @@ pub enum Command {
 #[derive(clap::Args, Debug, Clone)]
 pub struct RecordArgs {
     /// The process to trace: the gateway's pid (exact mode), or a proxy's without probe sites
-    /// (kernel-only mode: nginx's master, haproxy, caddy; its child processes are followed).
+    /// (kernel-only mode: nginx's master, haproxy, caddy, Apache's parent; its child processes
+    /// are followed).
     /// Repeatable in kernel-only mode.
     #[arg(long, required = true, num_args = 1)]
     pub pid: Vec<u32>,
