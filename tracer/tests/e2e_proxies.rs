@@ -364,6 +364,11 @@ fn caddy_requests_are_traced_kernel_only() {
     traced_proxy(Proxy::Caddy);
 }
 
+#[test]
+fn apache_requests_are_traced_kernel_only() {
+    traced_proxy(Proxy::Apache);
+}
+
 /// The gateway's load: both traces see every request.
 const GATEWAY_RATE: u64 = 200;
 

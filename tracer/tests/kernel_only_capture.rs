@@ -290,7 +290,7 @@ fn apache_upstream_requests_captured_whole_and_its_children_followed() {
     let bins = build_binaries();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let (_upstream, upstream) = mock_upstream(&bins, 0, "0-1");
+    let (_upstream, upstream) = mock_upstream(&bins, "0", "0-1", None);
     let port = free_port().unwrap();
     let spawn = Proxy::Apache
         .spawn(&installed(Proxy::Apache), root, port, &upstream)
