@@ -1083,20 +1083,25 @@ impl Joiner {
         let mut request = Request::parsed(s, d.tgid, method, target);
         request.client_port = client_port;
         request.request_id = id.clone().and_then(Result::ok);
-        let mut doomed = None;
-        if self.open.len() >= MAX_OPEN {
-            doomed = Some(Reason::TooManyOpen);
-        } else {
-            let read = At {
-                ns: d.exit_ns,
-                tid: d.tid,
-            };
-            match self.matcher.client(s, request.line(), id, read) {
-                IdVerdict::Ok => {}
-                IdVerdict::Duplicate => doomed = Some(Reason::DuplicateId),
-                IdVerdict::Bad => doomed = Some(Reason::BadId),
-            }
+        if self.open.len() + self.deferred.len() >= MAX_OPEN {
+            // Ends at once: nothing of it is kept, and its connection's bytes are nobody's.
+            self.counts.incompletes += 1;
+            self.out.push(Output::Incomplete(Incomplete {
+                reason: Reason::TooManyOpen,
+                client_fd: Some(d.fd),
+                request,
+            }));
+            return s;
         }
+        let read = At {
+            ns: d.exit_ns,
+            tid: d.tid,
+        };
+        let doomed = match self.matcher.client(s, request.line(), id, read) {
+            IdVerdict::Ok => None,
+            IdVerdict::Duplicate => Some(Reason::DuplicateId),
+            IdVerdict::Bad => Some(Reason::BadId),
+        };
         self.open.insert(
             s,
             Open {
@@ -1143,18 +1148,15 @@ impl Joiner {
         if status.is_some() {
             r.upstream_status = status;
         }
-        for c in calls {
-            if !r
-                .syscalls
-                .iter()
-                .any(|x| x.seq == c.seq && x.role == c.role)
-            {
-                r.syscalls.push(c);
-            } else {
-                self.held_calls -= 1;
-            }
+        // Merged in push order, a record listed once: a sort and a pass, not a scan per call.
+        let before = r.syscalls.len() + calls.len();
+        r.syscalls.extend(calls);
+        r.syscalls.sort_by_key(|c| (c.seq, c.role));
+        r.syscalls.dedup_by_key(|c| (c.seq, c.role));
+        self.held_calls -= before - r.syscalls.len();
+        if r.syscalls.len() > MAX_CALLS {
+            o.doomed.get_or_insert(Reason::TooManySyscalls);
         }
-        r.syscalls.sort_by_key(|c| c.seq);
         o.last_ns = o.last_ns.max(self.ups[&u].last_ns);
     }
 

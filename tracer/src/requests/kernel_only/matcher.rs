@@ -34,7 +34,7 @@
 //! request, [`MAX_GROUP`] in a group weighed together.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::BuildHasher as _;
 
 use super::assignment::forced;
@@ -200,8 +200,9 @@ pub struct Matcher {
     ups: HashMap<Serial, Up>,
     /// Joined upstream requests whose client request it still keeps: upstream → client.
     owners: HashMap<Serial, Serial>,
-    /// Id-less client requests not joined nor answered, by line, in the order read.
-    pending: HashMap<Line, VecDeque<Serial>>,
+    /// Id-less client requests not joined nor answered, by line: serials, in the order read
+    /// (ordered sets, so that one leaving costs a log, not a scan).
+    pending: HashMap<Line, BTreeSet<Serial>>,
     /// Open client requests by (tgid, id); `true` once the id was seen twice.
     ids: HashMap<(u32, RequestId), (Vec<Serial>, bool)>,
     recent: RecentIds,
@@ -247,10 +248,7 @@ impl Matcher {
                 Some(id)
             }
             None => {
-                self.pending
-                    .entry(line.clone())
-                    .or_default()
-                    .push_back(serial);
+                self.pending.entry(line.clone()).or_default().insert(serial);
                 None
             }
         };
@@ -561,9 +559,7 @@ impl Matcher {
 
     fn unpend(&mut self, line: &Line, serial: Serial) {
         if let Some(q) = self.pending.get_mut(line) {
-            if let Some(i) = q.iter().position(|&s| s == serial) {
-                q.remove(i);
-            }
+            q.remove(&serial);
             if q.is_empty() {
                 self.pending.remove(line);
             }

@@ -1223,6 +1223,14 @@ fn issue31_finding4_traffic_cannot_grow_memory_without_bound() {
     sim.send(4, &s);
     assert_eq!(sim.incompletes()[0].reason, Reason::TooManySyscalls);
     assert_eq!(sim.j.held_calls(), 0);
+    // Clients that never wait for an answer: past MAX_OPEN, new ones end at once.
+    let mut sim = Sim::new();
+    let r = req("GET", "/", &[], b"");
+    for fd in 0..=MAX_OPEN as u32 {
+        sim.recv(1_000 + fd, &r);
+    }
+    assert_eq!(sim.j.open(), MAX_OPEN);
+    assert_eq!(sim.incompletes()[0].reason, Reason::TooManyOpen);
 }
 
 /// Issue 31, finding 5: a repeated id let the oldest pending request take the join, and ids
