@@ -107,6 +107,10 @@ pub struct Args {
     /// Also turn on the kernel's BPF run-time statistics (~50 ns a program run).
     #[arg(long)]
     bpf_stats: bool,
+    /// Load with no `x-request-id` header, as most clients do (`loadgen --no-request-id`: each
+    /// id stays in the body only), in every loadgen run of the session.
+    #[arg(long)]
+    no_request_id: bool,
     /// An earlier session directory: the Reading sets this tail's ranking of parts and its
     /// waits behind other processes beside that session's.
     #[arg(long, value_name = "DIR")]
@@ -138,6 +142,9 @@ pub struct SessionFacts {
     pub warmup_s: f64,
     pub workers: u64,
     pub connections: u64,
+    /// `--no-request-id`: loadgen sent no x-request-id; false in every session before it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_request_id: bool,
     pub max_rate: f64,
     pub max_rate_source: String,
     pub target_rate: f64,
@@ -183,6 +190,7 @@ pub fn run(
         client,
         version: target_version,
     } = target::start(args.target, &bins, &args.placement, args.delay_ms, logs)?;
+    let client = client_flags(client, &args);
     let loadgen = |extra: &[String], timeout: Duration| -> anyhow::Result<()> {
         let mut all = vec!["--url".to_owned(), url.clone()];
         all.extend_from_slice(&client);
@@ -350,6 +358,7 @@ pub fn run(
         warmup_s: args.warmup,
         workers: args.placement.workers,
         connections: CONNECTIONS,
+        no_request_id: args.no_request_id,
         max_rate,
         max_rate_source,
         target_rate,
@@ -373,6 +382,15 @@ fn strings(items: &[&str]) -> Vec<String> {
 
 fn path_arg(path: &Path) -> String {
     path.display().to_string()
+}
+
+/// loadgen's flags that reach the target (`target::Server::client`) and say how every run
+/// loads it, find-max, warm-up and probe-effect windows included.
+fn client_flags(mut client: Vec<String>, args: &Args) -> Vec<String> {
+    if args.no_request_id {
+        client.push("--no-request-id".to_owned());
+    }
+    client
 }
 
 /// The gateway's own flags, refused with a proxy: `--phases` needs its probe sites and
@@ -433,6 +451,7 @@ fn command_line(args: &Args) -> String {
         );
     }
     for (on, flag) in [
+        (args.no_request_id, " --no-request-id"),
         (args.phases, " --phases"),
         (args.offcpu_stacks, " --offcpu-stacks"),
         (args.bpf_stats, " --bpf-stats"),
@@ -689,6 +708,36 @@ mod tests {
             assert_eq!(default_name(&args), format!("{name}-25pct-5ms"));
             assert_eq!(tracer_flags(&args), ["--sample-hz", "299"]);
         }
+    }
+
+    #[test]
+    fn no_request_id_reaches_every_loadgen_run_and_the_command_line() {
+        let direct = || vec!["--direct".to_owned()];
+        for target in ["gateway", "nginx", "caddy"] {
+            let args = parse(&["--target", target]).unwrap();
+            assert!(!args.no_request_id);
+            assert_eq!(client_flags(direct(), &args), ["--direct"]);
+            assert!(!command_line(&args).contains("--no-request-id"));
+
+            let args = parse(&["--target", target, "--no-request-id"]).unwrap();
+            assert!(args.no_request_id);
+            check_target_flags(&args).unwrap();
+            assert_eq!(
+                client_flags(direct(), &args),
+                ["--direct", "--no-request-id"]
+            );
+            assert!(
+                command_line(&args).ends_with(" --duration 30 --no-request-id")
+                    || command_line(&args).ends_with(" --workers 1 --no-request-id"),
+                "{}",
+                command_line(&args)
+            );
+            assert_eq!(
+                tracer_flags(&args),
+                tracer_flags(&parse(&["--target", target]).unwrap())
+            );
+        }
+        assert!(parse(&["--no-request-id=yes"]).is_err());
     }
 
     #[test]

@@ -682,6 +682,7 @@ pub(crate) mod tests {
             warmup_s: 3.0,
             workers: 1,
             connections: 128,
+            no_request_id: false,
             max_rate: 16158.1,
             max_rate_source: "--max-rate".to_owned(),
             target_rate: 0.25 * 16158.1,
@@ -748,6 +749,54 @@ pub(crate) mod tests {
         ] {
             assert!(!text.contains(gone), "{gone:?} in:\n{text}");
         }
+    }
+
+    /// `--no-request-id`: the Settings say how the target was loaded, and profile.json keeps
+    /// it; a profile.json from before the flag reads as a session with ids.
+    #[test]
+    fn a_session_without_request_ids_says_so_in_its_settings() {
+        let dir = crate::workspace::root().join("profiles").join(SESSION);
+        let mut facts: SessionFacts = read_json(&dir.join(FACTS_JSON)).unwrap();
+        assert!(!facts.no_request_id);
+        assert!(
+            !serde_json::to_string(&facts)
+                .unwrap()
+                .contains("no_request_id")
+        );
+        let files = Files::read(&dir).unwrap();
+        const WITHOUT: &str = "no x-request-id (as most clients), ids only in the body";
+        let gateway = render(&facts, &files, &None);
+        assert!(!gateway.contains(WITHOUT), "{gateway}");
+        facts.no_request_id = true;
+        let gateway = render(&facts, &files, &None);
+        assert!(
+            gateway.contains(&format!(
+                "- upstream delay 0 ms; gateway tokio workers 1; loaded with {WITHOUT}\n"
+            )),
+            "{gateway}"
+        );
+        let json = serde_json::to_string(&facts).unwrap();
+        assert!(json.contains(r#""no_request_id":true"#), "{json}");
+        let back: SessionFacts = serde_json::from_str(&json).unwrap();
+        assert!(back.no_request_id);
+
+        facts.target = Target::Nginx;
+        facts.target_version = Some("nginx version: nginx/1.22.1".to_owned());
+        let nginx = render(&facts, &files, &None);
+        assert!(
+            nginx.contains(&format!(
+                "loaded with `loadgen --direct` (POST /echo, {WITHOUT}, no API key)\n"
+            )),
+            "{nginx}"
+        );
+        assert!(!nginx.contains("a unique x-request-id each"), "{nginx}");
+        facts.no_request_id = false;
+        let nginx = render(&facts, &files, &None);
+        assert!(
+            nginx.contains("(POST /echo, a unique x-request-id each, no API key)\n"),
+            "{nginx}"
+        );
+        assert!(!nginx.contains(WITHOUT), "{nginx}");
     }
 
     fn wait(unknown_ns: u64) -> Wait {

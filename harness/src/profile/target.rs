@@ -1,8 +1,9 @@
 //! `--target`: the server a session loads and traces. The gateway (the default) runs behind
 //! its demo ledger and is loaded with its API key; a proxy (Debian's nginx, haproxy or caddy,
 //! traced kernel-only) runs in front of mock-upstream and is loaded with `loadgen --direct`
-//! (POST /echo, a unique x-request-id each, no key). Either way it is pinned to the gateway's
-//! CPUs, and its pid is the one the tracer and the CPU figures follow.
+//! (POST /echo, a unique x-request-id each, none with `--no-request-id`; no key). Either way
+//! it is pinned to the gateway's CPUs, and its pid is the one the tracer and the CPU figures
+//! follow.
 
 use std::path::Path;
 
