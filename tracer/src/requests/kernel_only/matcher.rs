@@ -369,7 +369,7 @@ impl Matcher {
         }
         self.unpend(&line, serial);
         let mut touched = Vec::new();
-        for u in ups {
+        for u in ups.clone() {
             let up = self.ups.get_mut(&u).expect("listed ups are undecided");
             if up.answered.is_none_or(|a| a.ns > at.ns) {
                 up.cands.retain(|&s| s != serial);
@@ -380,6 +380,8 @@ impl Matcher {
         }
         self.settle(touched);
         self.decide_group_of(serial);
+        // The groups it left may have waited only for it.
+        self.decide_groups(&ups);
     }
 
     /// Client request `serial` is over (answered in full, or failed): where its join stands.
@@ -389,9 +391,10 @@ impl Matcher {
             return Standing::Free;
         };
         c.ended = true;
-        let line = c.line.clone();
+        let (line, ups) = (c.line.clone(), c.ups.clone());
         self.unpend(&line, serial);
         self.decide_group_of(serial);
+        self.decide_groups(&ups);
         let Some(c) = self.clients.get(&serial) else {
             return Standing::Free;
         };
@@ -608,10 +611,22 @@ impl Matcher {
         touched
     }
 
+    /// Decides the group of each of `ups` still undecided, if it is final.
+    fn decide_groups(&mut self, ups: &[Serial]) {
+        for u in ups {
+            if let Some(&c) = self.ups.get(u).and_then(|up| up.cands.first()) {
+                self.decide_group_of(c);
+            }
+        }
+    }
+
     /// Joins every undecided upstream request in `touched` (and what that touches) left with
-    /// one candidate; fails those left with none.
+    /// one candidate; fails those left with none; then decides the groups they are in, which
+    /// may have waited only for the candidates they lost.
     fn settle(&mut self, mut touched: Vec<Serial>) {
+        let mut seen = Vec::new();
         while let Some(u) = touched.pop() {
+            seen.push(u);
             let Some(up) = self.ups.get(&u) else {
                 continue;
             };
@@ -631,6 +646,7 @@ impl Matcher {
                 _ => {}
             }
         }
+        self.decide_groups(&seen);
     }
 
     /// A client that ended while undecided and is now decided: its standing was said by a

@@ -261,3 +261,33 @@ fn on_one_thread_the_orders_out_and_back_must_agree() {
     let d = run(&mut m, 2_000, [3, 2]);
     assert!(d.contains(&Decision::Ambiguous(2_000)), "{d:?}");
 }
+
+/// A group becomes final when the last client it waited for leaves it (joined elsewhere): it
+/// is decided then, not left undecided until the session ends.
+#[test]
+fn a_group_is_decided_when_its_last_open_candidate_leaves_it() {
+    let mut m = Matcher::default();
+    // A process known not to keep requests on one thread: nothing parks.
+    joins_alone(&mut m, 100, 1, 1, true);
+    m.take();
+    m.client(1, line(), None, at(1_000));
+    m.client(2, line(), None, at(1_001));
+    m.upstream(10, line(), None, at(1_010));
+    m.client(3, line(), None, at(1_011));
+    m.upstream(11, line(), None, at(1_012));
+    m.upstream_answered(10, at(1_040));
+    m.upstream_answered(11, at(1_041));
+    m.client_answered(1, at(1_045));
+    m.client_answered(2, at(1_046));
+    // 3 is the only one pending now: the next upstream request is its, and 3 leaves 11.
+    assert_eq!(
+        m.upstream(12, line(), None, at(1_050)),
+        Sent::Joined(3, By::OnlyCandidate)
+    );
+    let d = m.take();
+    assert!(
+        d.contains(&Decision::Ambiguous(1)) && d.contains(&Decision::Ambiguous(2)),
+        "{d:?}"
+    );
+    assert_eq!(m.undecided(), 0);
+}
