@@ -6,8 +6,15 @@ hold mock-upstream's own [received, answered] for that request (loadgen --body-p
 id past the captured bytes; mock-upstream --log-requests logs it).
 
 usage: join-check.py CLIENT_CSV MOCK_CSV SESSION_DIR
+       join-check.py --tail SESSION_DIR   (each part's share of the tail, breakdown.json)
 """
-import collections, csv, sys
+import collections, csv, json, sys
+
+
+def tail(session):
+    t = json.load(open(session + '/breakdown.json'))['tail']
+    shares = [f'{k} {v["share"]:.1%}' for k, v in t['parts'].items() if v['share']]
+    print(f'tail above the p99 of overhead ({t["requests"]} requests):', ', '.join(shares))
 
 
 def main(client_csv, mock_csv, session):
@@ -38,4 +45,7 @@ def main(client_csv, mock_csv, session):
 
 
 if __name__ == '__main__':
-    main(*sys.argv[1:4])
+    if sys.argv[1] == '--tail':
+        tail(sys.argv[2])
+    else:
+        main(*sys.argv[1:4])
