@@ -243,12 +243,7 @@ fn denials_and_upstream_failures_get_their_status_and_a_receipt() {
         "/x",
     ]);
     demo.link_token("user-2", "demo", "old", &["--ttl-s", "-10"]);
-    let narrow = demo.cli_ok(&["key", "create", "--services", "demo", "--users", "user-1"]);
-    let narrow = narrow
-        .trim()
-        .strip_prefix("api_key=")
-        .expect("api_key line")
-        .to_owned();
+    let narrow = demo.create_key(&["--services", "demo", "--users", "user-1"]);
 
     let server = demo.serve();
     let key = Some(demo.key.as_str());
@@ -491,12 +486,7 @@ fn issue37_item2_dot_segments_cannot_escape_the_path_template() {
 #[test]
 fn issue37_item3_a_key_cannot_grow_the_ledger_without_bound() {
     let demo = Demo::new();
-    let narrow = demo.cli_ok(&["key", "create", "--services", "demo", "--users", "user-1"]);
-    let narrow = narrow
-        .trim()
-        .strip_prefix("api_key=")
-        .expect("api_key line")
-        .to_owned();
+    let narrow = demo.create_key(&["--services", "demo", "--users", "user-1"]);
     let server = demo.serve();
     let key = Some(demo.key.as_str());
     let named = |service: &str, action: &str, user: &str| {

@@ -24,7 +24,7 @@ use std::{
 
 use attach_common::{
     Background, Row, Signal, Spawn, assert_detached, build_binaries, cpu_hog, demo_gateway, num,
-    open_loop, read_csv, require_root, start, wait_listening,
+    open_loop, part_columns, read_csv, require_root, start, wait_listening,
 };
 
 /// The load: well below the gateway's max, so nothing queues and nothing may be lost.
@@ -235,21 +235,7 @@ fn traced_gateway_requests_match_the_client() {
     let attach = &run.attach;
     let (window, traced) = client_and_tracer_agree(&run);
 
-    let part_columns: Vec<String> = traced[0]
-        .keys()
-        .filter(|c| {
-            c.ends_with("_ns")
-                && ![
-                    "t_arrive_ns",
-                    "t_done_ns",
-                    "total_ns",
-                    "overhead_ns",
-                    "t_upstream_ns",
-                ]
-                .contains(&c.as_str())
-        })
-        .cloned()
-        .collect();
+    let part_columns = part_columns(&traced[0]);
     assert!(part_columns.len() >= 10, "{part_columns:?}");
     let mut without: BTreeMap<&str, Vec<BTreeMap<String, String>>> = BTreeMap::new();
     for row in &traced {

@@ -35,7 +35,8 @@ use std::{
 
 use attach_common::{
     Background, Binaries, Proc, Proxy, Row, Signal, Spawn, Stream, assert_detached, build_binaries,
-    cpu_hog, demo_gateway, installed, mock_upstream, num, open_loop, read_csv, require_root, start,
+    cpu_hog, demo_gateway, installed, mock_upstream, num, open_loop, parts_sum, read_csv,
+    require_root, start,
 };
 use tempfile::TempDir;
 use testproc::proxy::free_port;
@@ -125,25 +126,6 @@ fn start_proxy(proxy: Proxy, dir: &Path, port: u16, upstream: &str) -> Proc {
 fn quantile(mut values: Vec<u64>, permille: usize) -> u64 {
     values.sort_unstable();
     session::stats::nearest_rank(&values, permille).expect("no values")
-}
-
-/// The parts of a requests.csv row: every `*_ns` column after `overhead_ns`, but where the
-/// upstream part begins.
-fn parts_sum(row: &Row) -> u64 {
-    row.iter()
-        .filter(|(k, _)| {
-            k.ends_with("_ns")
-                && ![
-                    "t_arrive_ns",
-                    "t_done_ns",
-                    "total_ns",
-                    "overhead_ns",
-                    "t_upstream_ns",
-                ]
-                .contains(&k.as_str())
-        })
-        .map(|(k, _)| num(row, k))
-        .sum()
 }
 
 /// What the client measured and the session traced.

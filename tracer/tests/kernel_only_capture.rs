@@ -167,24 +167,55 @@ fn request_id(head: &[u8]) -> Option<u64> {
     })
 }
 
+/// `proxy` in front of mock-upstream (no delay) in a scratch directory, once it listens with
+/// `children` child processes: the binaries, the directory, mock-upstream, the proxy's port
+/// and its process.
+struct Running {
+    bins: attach_common::Binaries,
+    dir: tempfile::TempDir,
+    _upstream: Proc,
+    port: u16,
+    parent: Proc,
+}
+
+fn started_with_children(proxy: Proxy, children: usize) -> Running {
+    let bins = build_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream_proc, upstream) = mock_upstream(&bins, "0", "0-1", None);
+    let port = free_port().unwrap();
+    let spawn = proxy
+        .spawn(&installed(proxy), dir.path(), port, &upstream)
+        .unwrap();
+    let parent = start(spawn);
+    let pid = parent.pid();
+    wait_until(
+        &format!("{proxy:?} to listen with {children} children"),
+        READY,
+        || TcpStream::connect(("127.0.0.1", port)).is_ok() && descendants_of(pid).len() == children,
+    );
+    Running {
+        bins,
+        dir,
+        _upstream: upstream_proc,
+        port,
+        parent,
+    }
+}
+
 #[test]
 fn nginx_worker_followed_and_request_bytes_captured() {
     if !require_root() {
         return;
     }
-    let bins = build_binaries();
-    let dir = tempfile::tempdir().unwrap();
+    let Running {
+        bins: _bins,
+        dir,
+        _upstream,
+        port,
+        parent: mut master,
+    } = started_with_children(Proxy::Nginx, 1);
     let root = dir.path();
-    let (_upstream, upstream) = mock_upstream(&bins, "0", "0-1", None);
-    let port = free_port().unwrap();
-    let spawn = Proxy::Nginx
-        .spawn(&installed(Proxy::Nginx), root, port, &upstream)
-        .unwrap();
-    let mut master = start(spawn);
     let master_pid = master.pid();
-    wait_until("nginx to listen with one worker", READY, || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok() && descendants_of(master_pid).len() == 1
-    });
     let old_worker = descendants_of(master_pid)[0];
 
     let mut tracer = record_kernel_only(master_pid, root, "nginx");
@@ -287,19 +318,15 @@ fn apache_upstream_requests_captured_whole_and_its_children_followed() {
     }
     // loadgen at 100 req/s for 2 s, twice: before and after a graceful restart.
     const LOAD: (u64, u64, &str) = (100, 2, "4");
-    let bins = build_binaries();
-    let dir = tempfile::tempdir().unwrap();
+    let Running {
+        bins,
+        dir,
+        _upstream,
+        port,
+        mut parent,
+    } = started_with_children(Proxy::Apache, 2);
     let root = dir.path();
-    let (_upstream, upstream) = mock_upstream(&bins, "0", "0-1", None);
-    let port = free_port().unwrap();
-    let spawn = Proxy::Apache
-        .spawn(&installed(Proxy::Apache), root, port, &upstream)
-        .unwrap();
-    let mut parent = start(spawn);
     let parent_pid = parent.pid();
-    wait_until("Apache to listen with two children", READY, || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok() && descendants_of(parent_pid).len() == 2
-    });
     let first: Vec<u32> = descendants_of(parent_pid);
 
     let mut tracer = record_kernel_only(parent_pid, root, "apache2");

@@ -364,6 +364,17 @@ impl Demo {
         out
     }
 
+    /// `gateway key create ARGS`: the new key.
+    pub fn create_key(&self, args: &[&str]) -> String {
+        let mut all = vec!["key", "create"];
+        all.extend_from_slice(args);
+        let out = self.cli_ok(&all);
+        out.trim()
+            .strip_prefix("api_key=")
+            .unwrap_or_else(|| panic!("no api_key= line in {out:?}"))
+            .to_owned()
+    }
+
     /// `gateway token link --user USER --service SERVICE --token TOKEN EXTRA`.
     pub fn link_token(&self, user: &str, service: &str, token: &str, extra: &[&str]) {
         let mut args = vec![

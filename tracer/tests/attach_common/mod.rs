@@ -125,6 +125,26 @@ pub fn read_csv(path: &Path) -> Vec<Row> {
         .collect()
 }
 
+/// The part columns of a requests.csv row: every `*_ns` column but the times and the totals.
+pub fn part_columns(row: &Row) -> Vec<String> {
+    const NOT_PARTS: [&str; 5] = [
+        "t_arrive_ns",
+        "t_done_ns",
+        "total_ns",
+        "overhead_ns",
+        "t_upstream_ns",
+    ];
+    row.keys()
+        .filter(|k| k.ends_with("_ns") && !NOT_PARTS.contains(&k.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// The sum of a requests.csv row's parts.
+pub fn parts_sum(row: &Row) -> u64 {
+    part_columns(row).iter().map(|c| num(row, c)).sum()
+}
+
 pub fn num(row: &Row, column: &str) -> u64 {
     row.get(column)
         .unwrap_or_else(|| panic!("no column {column}"))

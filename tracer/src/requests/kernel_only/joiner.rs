@@ -407,6 +407,8 @@ pub struct Joiner {
     /// Set by [`Joiner::head`] when the header block just parsed ended at once (pipelined,
     /// unjoined upstream request): the answer for its records.
     ended_at_head: Option<u64>,
+    /// The remote port of the record being pushed, for a client request it starts.
+    client_port: Option<u16>,
 }
 
 /// A client request whose output is not decided.
@@ -609,7 +611,8 @@ impl Joiner {
         conn.last_ns = self.now;
         let dir = d.direction();
         conn.first.get_or_insert(dir);
-        let assignment = self.process(&mut conn, d, dir, client_port);
+        self.client_port = client_port;
+        let assignment = self.process(&mut conn, d, dir);
         self.unaccounted(&conn, d, dir);
         self.conns.insert(key, conn);
         self.settle();
@@ -633,13 +636,7 @@ impl Joiner {
         }
     }
 
-    fn process(
-        &mut self,
-        conn: &mut Conn,
-        d: &Data,
-        dir: Direction,
-        client_port: Option<u16>,
-    ) -> Assignment {
+    fn process(&mut self, conn: &mut Conn, d: &Data, dir: Direction) -> Assignment {
         let class = wire::classify(&d.bytes);
         match conn.kind {
             Kind::Unknown => match class {
@@ -671,7 +668,7 @@ impl Joiner {
                 }
             }
         }
-        self.feed(conn, d, dir, client_port)
+        self.feed(conn, d, dir)
     }
 
     /// A request line where this connection has none: the fd is another connection now
@@ -755,13 +752,7 @@ impl Joiner {
         serial.filter(|s| self.open.contains_key(s))
     }
 
-    fn feed(
-        &mut self,
-        conn: &mut Conn,
-        d: &Data,
-        dir: Direction,
-        client_port: Option<u16>,
-    ) -> Assignment {
+    fn feed(&mut self, conn: &mut Conn, d: &Data, dir: Direction) -> Assignment {
         let role = match (conn.kind, dir) {
             (Kind::Client, Direction::Receive) => Role::ClientRequest,
             (Kind::Client, Direction::Send) => Role::ClientResponse,
@@ -830,7 +821,7 @@ impl Joiner {
                         c.role = role;
                     }
                     conn.parsed = true;
-                    let parsed = self.head(conn, d, dir, head, &calls, client_port);
+                    let parsed = self.head(conn, d, dir, head, &calls);
                     if let Some(s) = self.ended_at_head.take()
                         && matches!(answer, Assignment::None | Assignment::Deferred)
                     {
@@ -934,7 +925,6 @@ impl Joiner {
         dir: Direction,
         head: Head,
         calls: &[Syscall],
-        client_port: Option<u16>,
     ) -> Result<(Option<u64>, Framing), Unsupported> {
         let malformed = |_| Unsupported::Malformed;
         match (conn.kind, dir, head.start) {
@@ -950,8 +940,7 @@ impl Joiner {
                         self.end_open(prev, None);
                     } else {
                         // Pipelined: this request is parsed, so it ends as one incomplete too.
-                        let s =
-                            self.client_request(d, &method, &target, head.request_id, client_port);
+                        let s = self.client_request(d, &method, &target, head.request_id);
                         for c in calls {
                             self.attach(s, c, &mut Assignment::None);
                         }
@@ -960,7 +949,7 @@ impl Joiner {
                         return Err(Unsupported::Pipelined);
                     }
                 }
-                let s = self.client_request(d, &method, &target, head.request_id, client_port);
+                let s = self.client_request(d, &method, &target, head.request_id);
                 conn.current = Some(s);
                 conn.recv.owner = Some(s);
                 Ok((Some(s), framing))
@@ -1075,13 +1064,12 @@ impl Joiner {
         method: &str,
         target: &str,
         id: Option<Result<RequestId, wire::BadId>>,
-        client_port: Option<u16>,
     ) -> u64 {
         self.serial += 1;
         self.counts.client_requests += 1;
         let s = self.serial;
         let mut request = Request::parsed(s, d.tgid, method, target);
-        request.client_port = client_port;
+        request.client_port = self.client_port;
         request.request_id = id.clone().and_then(Result::ok);
         if self.open.len() + self.deferred.len() >= MAX_OPEN {
             // Ends at once: nothing of it is kept, and its connection's bytes are nobody's.

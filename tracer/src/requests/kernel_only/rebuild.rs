@@ -752,23 +752,27 @@ mod tests {
         assert_eq!(req.parts.iter().sum::<u64>(), 250);
     }
 
-    #[test]
-    fn a_request_without_an_id_is_keyed_by_its_serial() {
-        let stream = event_loop()
+    /// [`event_loop`] with `x-request-id: 42\r\n` in every record's bytes replaced by `with`.
+    fn event_loop_id(with: &str) -> Vec<In> {
+        event_loop()
             .into_iter()
             .map(|input| match input {
                 In::Data(mut d) => {
                     let text = String::from_utf8(d.bytes)
                         .unwrap()
-                        .replace("x-request-id: 42\r\n", "");
+                        .replace("x-request-id: 42\r\n", with);
                     d.len = text.len() as u64;
                     d.bytes = text.into_bytes();
                     In::Data(d)
                 }
                 other => other,
             })
-            .collect();
-        let (out, _) = rebuild(stream);
+            .collect()
+    }
+
+    #[test]
+    fn a_request_without_an_id_is_keyed_by_its_serial() {
+        let (out, _) = rebuild(event_loop_id(""));
         let req = only_complete(&out);
         // The joiner's first serial; no id to parse.
         assert_ne!(req.req_id, 42);
@@ -780,22 +784,7 @@ mod tests {
     /// is a duplicate, never a second row; id-less keys are apart from numeric ids.
     #[test]
     fn issue31_finding5_a_repeated_key_is_a_duplicate_not_an_overwrite() {
-        let with_id = |id: &str| -> Vec<In> {
-            event_loop()
-                .into_iter()
-                .map(|input| match input {
-                    In::Data(mut d) => {
-                        let text = String::from_utf8(d.bytes)
-                            .unwrap()
-                            .replace("x-request-id: 42", &format!("x-request-id: {id}"));
-                        d.len = text.len() as u64;
-                        d.bytes = text.into_bytes();
-                        In::Data(d)
-                    }
-                    other => other,
-                })
-                .collect()
-        };
+        let with_id = |id: &str| event_loop_id(&format!("x-request-id: {id}\r\n"));
         let colliding = joiner::id_key("a").to_string();
         let mut stream = with_id("a");
         let later: Vec<In> = with_id(&colliding)
@@ -819,22 +808,7 @@ mod tests {
             req_id: joiner::id_key("a"),
             reason: "duplicate id".into()
         })));
-        let (out, _) = rebuild(
-            event_loop()
-                .into_iter()
-                .map(|input| match input {
-                    In::Data(mut d) => {
-                        let text = String::from_utf8(d.bytes)
-                            .unwrap()
-                            .replace("x-request-id: 42\r\n", "");
-                        d.len = text.len() as u64;
-                        d.bytes = text.into_bytes();
-                        In::Data(d)
-                    }
-                    other => other,
-                })
-                .collect(),
-        );
+        let (out, _) = rebuild(event_loop_id(""));
         assert_ne!(only_complete(&out).req_id & ANONYMOUS, 0);
     }
 
